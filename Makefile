@@ -1,0 +1,31 @@
+# `make demo` and `make test` set up .venv on first use (torch pinned by constraints.txt).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/trainwise demo
+
+test: $(STAMP)
+	$(BIN)/python -m ruff check src tests benchmarks examples
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/python -m ruff check src tests benchmarks examples
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

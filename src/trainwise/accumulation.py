@@ -1,0 +1,218 @@
+"""Gradient accumulation whose gradients equal those of the whole effective batch.
+
+Each micro-batch loss is weighted by the number of items it averages over (samples, or tokens), and the
+summed gradients are divided once by the window's total count before the optimizer step. That is exact
+when micro-batches differ in size, when a loss is a sum over a varying number of tokens, and for a short
+last window at the end of an epoch: dividing every micro-batch loss by the accumulation count is not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal
+
+import torch
+
+from trainwise.errors import TrainwiseError
+
+
+def accumulation_steps(effective_batch: int, micro_batch: int) -> int:
+    """The number of micro-batches per optimizer step; the micro-batch must divide the effective batch."""
+    for name, value in (("effective_batch", effective_batch), ("micro_batch", micro_batch)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise TrainwiseError(f"{name} must be a positive integer, got {value!r}.")
+    if effective_batch % micro_batch:
+        divisors = [d for d in range(1, effective_batch + 1) if effective_batch % d == 0 and d <= micro_batch]
+        raise TrainwiseError(
+            f"micro-batch {micro_batch} does not divide the effective batch {effective_batch}; use a "
+            f"micro-batch that does, such as {divisors[-1]}."
+        )
+    return effective_batch // micro_batch
+
+
+def check_loss(loss: Any) -> torch.Tensor:
+    """A loss must be a scalar tensor attached to the graph; anything else is a user error."""
+    if not isinstance(loss, torch.Tensor):
+        raise TrainwiseError(
+            f"the loss must be a scalar tensor, got a {type(loss).__name__}; return the tensor itself, "
+            "not loss.item()."
+        )
+    if loss.dim() != 0:
+        if loss.numel() == 1:
+            return loss.reshape(())
+        raise TrainwiseError(
+            f"the loss must be a scalar tensor, got shape {tuple(loss.shape)}; reduce it with "
+            "reduction='mean' (or 'sum' with reduction='sum' here)."
+        )
+    if not loss.requires_grad:
+        raise TrainwiseError(
+            "the loss does not require grad; compute it from the model's outputs outside torch.no_grad() "
+            "and without .detach()."
+        )
+    return loss
+
+
+class GradientAccumulator:
+    """Accumulate micro-batch gradients and take one optimizer step per window.
+
+    In a hand-written loop::
+
+        accumulator = GradientAccumulator(optimizer, steps=4, scheduler=scheduler, max_grad_norm=1.0)
+        for i, (x, y) in enumerate(loader):
+            loss = F.cross_entropy(model(x), y)           # mean over len(y) samples
+            accumulator.backward(loss, count=len(y))
+            if accumulator.window_full or i == len(loader) - 1:
+                accumulator.step()                          # also steps on a short last window
+
+    ``step`` divides the gradients by the window's total count, unscales them (fp16), clips them, steps
+    the optimizer (skipped, as GradScaler does, when gradients are inf/NaN), steps the scheduler once per
+    optimizer step and zeroes the gradients with ``set_to_none=True``.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        steps: int = 1,
+        scheduler: Any = None,
+        scaler: torch.amp.GradScaler | None = None,
+        max_grad_norm: float | None = None,
+        skip_nonfinite: bool = False,
+    ) -> None:
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise TrainwiseError(f"accumulation steps must be a positive integer, got {steps!r}.")
+        if max_grad_norm is not None and not (max_grad_norm > 0):
+            raise TrainwiseError(f"max_grad_norm must be positive or None, got {max_grad_norm!r}.")
+        self.optimizer = optimizer
+        self.steps = steps
+        self.scheduler = scheduler
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        self.max_grad_norm = max_grad_norm
+        self.skip_nonfinite = skip_nonfinite
+        self.micro_batches = 0  # in the current window
+        self.optimizer_steps = 0  # optimizer steps taken (skipped ones excluded)
+        self.skipped_steps = 0
+        self.last_grad_norm: torch.Tensor | None = None
+        self._count: torch.Tensor | int | float = 0
+
+    @property
+    def window_full(self) -> bool:
+        """True once ``steps`` micro-batches were accumulated since the last optimizer step."""
+        return self.micro_batches >= self.steps
+
+    @property
+    def window_count(self) -> torch.Tensor | int | float:
+        """Items (samples or tokens) accumulated in the current window."""
+        return self._count
+
+    def backward(
+        self,
+        loss: torch.Tensor,
+        *,
+        count: torch.Tensor | int | float,
+        reduction: Literal["mean", "sum"] = "mean",
+    ) -> None:
+        """Backpropagate one micro-batch loss that averages (or sums) over ``count`` items."""
+        loss = check_loss(loss)
+        if reduction not in ("mean", "sum"):
+            raise TrainwiseError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
+        if isinstance(count, torch.Tensor):
+            count = count.detach()
+        elif not count > 0:
+            raise TrainwiseError(f"count must be the positive number of items behind the loss, got {count!r}.")
+        # The summed loss of the micro-batch: its gradient adds up exactly across micro-batches.
+        total = loss * count if reduction == "mean" else loss
+        if self.scaler is not None:
+            total = self.scaler.scale(total)
+        total.backward()
+        self.micro_batches += 1
+        self._count = self._count + count
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def step(self) -> bool:
+        """Finish the window: normalise, unscale, clip, step, zero. Returns whether the optimizer stepped."""
+        if self.micro_batches == 0:
+            raise TrainwiseError("step() was called with no accumulated micro-batch; call backward() first.")
+        params = self.parameters()
+        grads = [p.grad for p in params if p.grad is not None]
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        _divide_(grads, self._count)
+        stepped = True
+        if self.max_grad_norm is not None:
+            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        elif self.skip_nonfinite:
+            self.last_grad_norm = _total_norm(grads)
+        if self.skip_nonfinite and self.scaler is None and self.last_grad_norm is not None:
+            stepped = bool(torch.isfinite(self.last_grad_norm))  # a host sync: only when asked for
+        if self.scaler is not None:
+            scale_before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            stepped = self.scaler.get_scale() >= scale_before  # the scale backs off exactly on a skip
+        elif stepped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if stepped:
+            self.optimizer_steps += 1
+            if self.scheduler is not None:
+                self.scheduler.step()
+        else:
+            self.skipped_steps += 1
+        self.micro_batches = 0
+        self._count = 0
+        return stepped
+
+    @contextlib.contextmanager
+    def sync_context(self, model: torch.nn.Module, *, last: bool) -> Iterator[None]:
+        """Under DDP, skip the gradient all-reduce for every micro-batch but the last of a window."""
+        no_sync = getattr(model, "no_sync", None)
+        if last or no_sync is None:
+            yield
+        else:
+            with no_sync():
+                yield
+
+    def state_dict(self) -> dict[str, int]:
+        return {"optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.optimizer_steps = int(state["optimizer_steps"])
+        self.skipped_steps = int(state["skipped_steps"])
+
+
+def _divide_(grads: Iterable[torch.Tensor], count: torch.Tensor | int | float) -> None:
+    grads = list(grads)
+    if not grads:
+        return
+    if not isinstance(count, torch.Tensor):
+        if count == 1:
+            return
+        torch._foreach_div_(grads, float(count))
+        return
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    for g in grads:
+        groups[(g.device, g.dtype)].append(g)
+    for (device, _), group in groups.items():
+        torch._foreach_div_(group, count.to(device=device))
+
+
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    if not grads:
+        return torch.tensor(0.0)
+    norms = torch._foreach_norm(grads)
+    device = grads[0].device
+    return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
+
+
+def window_sizes(num_batches: int, steps: int) -> list[int]:
+    """How many micro-batches each optimizer step of an epoch takes (the last window may be short)."""
+    full, rest = divmod(num_batches, steps)
+    return [steps] * full + ([rest] if rest else [])
+
+
+__all__ = ["GradientAccumulator", "accumulation_steps", "check_loss", "window_sizes"]

@@ -1,0 +1,5 @@
+import sys
+
+from trainwise.cli import main
+
+sys.exit(main())

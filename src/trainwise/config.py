@@ -1,0 +1,148 @@
+"""The Trainer's plain-valued options, typed and validated in one place (used by the API and the CLI)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from typing import Any, Literal
+
+from trainwise.errors import TrainwiseError
+
+
+@dataclasses.dataclass
+class TrainerConfig:
+    """Every Trainer option that is a plain value (objects such as the optimizer are passed separately)."""
+
+    epochs: int = 10  # passes over the training data
+    lr: float = 1e-3  # learning rate of the default optimizer (AdamW)
+    weight_decay: float = 0.01  # of the default optimizer
+    batch_size: int = 32  # micro-batch size when fit() is given a Dataset
+    effective_batch: int | None = None  # samples per optimizer step; a multiple of batch_size
+    accumulation_steps: int | None = None  # micro-batches per optimizer step (alternative to effective_batch)
+    eval_batch_size: int | None = None  # defaults to batch_size
+    max_grad_norm: float | None = None  # clip the global gradient norm (after unscaling)
+    device: str = "auto"  # auto: cuda, then mps, then cpu
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    seed: int = 0
+    deterministic: bool = False  # deterministic kernels (slower on GPU)
+    num_workers: int = 0  # DataLoader worker processes when fit() is given a Dataset
+    compile: bool = False  # torch.compile the model (opt-in; eager stays the default)
+    run_dir: str | None = None  # default: runs/<date>-<time>
+    log_every: int = 50  # optimizer steps between metric reads (one host sync each)
+    progress: Literal["auto", "bar", "lines", "off"] = "auto"
+    nonfinite: Literal["stop", "skip"] = "stop"  # what a NaN/inf loss does
+    accuracy: Literal["auto", "on", "off"] = "auto"  # classification accuracy from logits and class targets
+    loss_reduction: Literal["mean", "sum"] = "mean"  # how loss_fn reduces over items
+    count: Literal["samples", "tokens"] = "samples"  # what the loss averages over
+    ignore_index: int = -100  # target value that is not counted as a token
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(TrainerConfig)
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            setattr(self, field.name, _check_type(field.name, value, hints[field.name]))
+        for name in ("epochs", "batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise TrainwiseError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        for name in ("effective_batch", "accumulation_steps", "eval_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise TrainwiseError(f"{name} must be at least 1 or unset, got {value}.")
+        if self.effective_batch is not None and self.accumulation_steps is not None:
+            raise TrainwiseError("set effective_batch or accumulation_steps, not both.")
+        if self.num_workers < 0:
+            raise TrainwiseError(f"num_workers must be 0 or more, got {self.num_workers}.")
+        if self.lr <= 0:
+            raise TrainwiseError(f"lr must be positive, got {self.lr}.")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise TrainwiseError(f"max_grad_norm must be positive or unset, got {self.max_grad_norm}.")
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> TrainerConfig:
+        unknown_option(changes)
+        return dataclasses.replace(self, **changes)
+
+
+def unknown_option(values: dict[str, Any], *, where: str = "Trainer option") -> None:
+    """Reject names that are not options, suggesting the closest valid one."""
+    names = TrainerConfig.option_names()
+    for key in values:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid options: {', '.join(names)}."
+            raise TrainwiseError(f"unknown {where} {key!r}{hint}")
+
+
+def _check_type(name: str, value: Any, hint: Any) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union or (origin is not None and type(None) in args):  # X | None
+        if value is None:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _check_type(name, value, inner[0])
+    if origin is Literal:
+        if value not in args:
+            raise TrainwiseError(f"{name} must be one of {', '.join(map(repr, args))}, got {value!r}.")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise TrainwiseError(f"{name} must be true or false, got {value!r}.")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TrainwiseError(f"{name} must be an integer, got {value!r}.")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TrainwiseError(f"{name} must be a number, got {value!r}.")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise TrainwiseError(f"{name} must be a string, got {value!r}.")
+        return value
+    return value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``key=value`` into a typed value for that option (``none`` unsets an optional one)."""
+    if "=" not in text:
+        raise TrainwiseError(f"override {text!r} is not key=value; write it like epochs=5.")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    unknown_option({key: None})
+    hint = typing.get_type_hints(TrainerConfig)[key]
+    return key, _parse_value(key, raw, hint)
+
+
+def _parse_value(name: str, raw: str, hint: Any) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union or (origin is not None and type(None) in args):
+        if raw.lower() in ("none", "null", ""):
+            return None
+        return _parse_value(name, raw, next(a for a in args if a is not type(None)))
+    if origin is Literal:
+        return _check_type(name, raw, hint)
+    try:
+        if hint is bool:
+            lowered = raw.lower()
+            if lowered in ("true", "1", "yes", "on"):
+                return True
+            if lowered in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if hint is int:
+            return int(raw)
+        if hint is float:
+            return float(raw)
+    except ValueError:
+        kind = {bool: "true or false", int: "an integer", float: "a number"}[hint]
+        raise TrainwiseError(f"{name} must be {kind}, got {raw!r}.") from None
+    return raw

@@ -1,0 +1,118 @@
+"""The demo: a small CNN on the 8x8 handwritten digits shipped inside the package (no download)."""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+DIGITS_ATTRIBUTION = (
+    "8x8 digits: UCI Optical Recognition of Handwritten Digits (Alpaydin & Kaynak, 1998), CC BY 4.0"
+)
+
+
+def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """All 1,797 digits as float images in [0, 1] of shape (N, 1, 8, 8) and int64 labels."""
+    with resources.files("trainwise").joinpath("data/digits.npz").open("rb") as handle:
+        arrays = np.load(handle)
+        images, labels = arrays["images"], arrays["labels"]
+    x = torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1)
+    y = torch.from_numpy(labels.astype(np.int64))
+    return x, y
+
+
+def digits_datasets(seed: int = 0, *, val_fraction: float = 0.2) -> tuple[TensorDataset, TensorDataset]:
+    """A train/validation split of the digits, fixed by ``seed``."""
+    x, y = load_digits()
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    n_val = round(len(y) * val_fraction)
+    val, train = order[:n_val], order[n_val:]
+    return TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val])
+
+
+class DigitsCNN(nn.Module):
+    """Three 3x3 conv blocks with BatchNorm, then dropout and a linear head: about 60k parameters."""
+
+    def __init__(self, num_classes: int = 10, width: int = 32, dropout: float = 0.2) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, width, 3, padding=1),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, padding=1),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 8x8 -> 4x4
+            nn.Conv2d(2 * width, 2 * width, 3, padding=1),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(2 * width, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def make_model() -> DigitsCNN:
+    """Factory used by ``examples/digits.toml`` and ``trainwise export --demo``."""
+    return DigitsCNN()
+
+
+def make_data(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
+    """Factory used by ``examples/digits.toml``: (train, validation) datasets."""
+    return digits_datasets(seed)
+
+
+def run_demo(
+    *,
+    seed: int = 0,
+    epochs: int = 12,
+    workers: int = 0,
+    run_dir: str | None = None,
+    device: str = "auto",
+    progress: str = "auto",
+    batch_size: int = 64,
+    lr: float = 3e-3,
+) -> dict[str, Any]:
+    """Train :class:`DigitsCNN` on the digits; returns the summary printed by ``trainwise demo --json``."""
+    from trainwise.seeding import seed_everything
+    from trainwise.trainer import Trainer
+
+    started = time.perf_counter()
+    seed_everything(seed)  # the model's initial weights depend on the seed too
+    train_set, val_set = digits_datasets(seed)
+    model = DigitsCNN()
+    trainer = Trainer(
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        eval_batch_size=256,
+        seed=seed,
+        num_workers=workers,
+        run_dir=run_dir,
+        device=device,
+        progress=progress,  # type: ignore[arg-type]
+        scheduler=lambda opt: torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=lr, total_steps=epochs * -(-len(train_set) // batch_size)
+        ),
+    )
+    result = trainer.fit(model, train_set, val_set)
+    return {
+        "val_accuracy": result.last.get("val_accuracy"),
+        "val_loss": result.last.get("val_loss"),
+        "train_loss": result.last.get("train_loss"),
+        "epochs": len(result.history),
+        "steps": result.steps,
+        "seconds": round(time.perf_counter() - started, 3),
+        "run_dir": str(result.run_dir),
+        "device": result.device,
+        "precision": result.precision,
+        "stopped": result.stopped,
+        "model": model,
+    }

@@ -1,0 +1,167 @@
+"""Metrics as sums and counts of samples (or tokens), kept on the device and read back once per interval.
+
+A mean of per-batch means is wrong when batches differ in size (a short last batch, a token count that
+varies); ``correct / len(loader)`` divides by the number of batches. Here every metric keeps a numerator
+and a denominator as detached device tensors, so that updating costs no host sync, reading all metrics
+costs one, and sums and counts can be all-reduced across processes exactly before the single division.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+
+from trainwise.errors import TrainwiseError
+
+
+def _accumulator_dtype(device: torch.device) -> torch.dtype:
+    # float64 keeps sums of many float32 values and counts up to 2**53 exact; MPS has no float64.
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+class Metric:
+    """A numerator and a denominator on one device; the value is their ratio."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.state = torch.zeros(2, dtype=_accumulator_dtype(self.device), device=self.device)
+
+    def reset(self) -> None:
+        self.state.zero_()
+
+    def compute(self) -> float:
+        """The current value (one host sync). NaN when nothing was counted."""
+        total, count = self.state.tolist()
+        return total / count if count else math.nan
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"state": self.state.detach().cpu().clone()}
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.state.copy_(state_dict["state"].to(self.state))
+
+
+class Mean(Metric):
+    """A running mean weighted by the number of samples (or tokens) behind each value."""
+
+    def update(self, value: torch.Tensor | float, weight: torch.Tensor | int | float = 1) -> None:
+        """Add ``value``, a mean over ``weight`` items; use :meth:`update_sum` for a sum over them."""
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise TrainwiseError(
+                    f"Mean.update takes a scalar, got a tensor of shape {tuple(value.shape)}; reduce it "
+                    "first or pass its sum to update_sum with the number of items."
+                )
+            value = value.detach().reshape(()).to(self.state.dtype)
+        self.state[0].add_(value * weight)
+        self.state[1].add_(weight)
+
+    def update_sum(self, total: torch.Tensor | float, count: torch.Tensor | int | float) -> None:
+        """Add a sum over ``count`` items (for a loss computed with ``reduction='sum'``)."""
+        if isinstance(total, torch.Tensor):
+            total = total.detach().reshape(()).to(self.state.dtype)
+        self.state[0].add_(total)
+        self.state[1].add_(count)
+
+
+class Accuracy(Metric):
+    """Correct predictions divided by the samples (or non-ignored tokens) seen: never by batches."""
+
+    def __init__(self, device: torch.device | str = "cpu", *, ignore_index: int | None = -100) -> None:
+        super().__init__(device)
+        self.ignore_index = ignore_index
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        """``logits`` of shape (..., classes) and integer ``targets`` of shape (...)."""
+        if logits.shape[:-1] != targets.shape:
+            raise TrainwiseError(
+                f"Accuracy needs logits of shape (..., classes) and targets of shape (...); got "
+                f"{tuple(logits.shape)} and {tuple(targets.shape)}."
+            )
+        predictions = logits.detach().argmax(dim=-1)
+        correct = predictions == targets
+        if self.ignore_index is not None:
+            keep = targets != self.ignore_index
+            self.state[0].add_((correct & keep).sum())
+            self.state[1].add_(keep.sum())
+        else:
+            self.state[0].add_(correct.sum())
+            self.state[1].add_(targets.numel())
+
+    def update_counts(self, correct: torch.Tensor | int, count: torch.Tensor | int) -> None:
+        """Add precomputed counts of correct predictions and of samples."""
+        self.state[0].add_(correct)
+        self.state[1].add_(count)
+
+
+class MetricSet:
+    """Named metrics on one device, read back together with a single host sync.
+
+    >>> metrics = MetricSet("cpu")
+    >>> metrics.mean("loss").update(torch.tensor(0.5), 32)
+    >>> metrics.accuracy("accuracy").update(torch.randn(32, 10), torch.randint(10, (32,)))
+    >>> values = metrics.compute()  # {'loss': 0.5, 'accuracy': ...}
+    """
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self._metrics: dict[str, Metric] = {}
+
+    def mean(self, name: str) -> Mean:
+        return self._get(name, Mean)  # type: ignore[return-value]
+
+    def accuracy(self, name: str, *, ignore_index: int | None = -100) -> Accuracy:
+        metric = self._get(name, Accuracy)
+        metric.ignore_index = ignore_index  # type: ignore[attr-defined]
+        return metric  # type: ignore[return-value]
+
+    def _get(self, name: str, kind: type[Metric]) -> Metric:
+        metric = self._metrics.get(name)
+        if metric is None:
+            metric = self._metrics[name] = kind(self.device)
+        elif not isinstance(metric, kind):
+            raise TrainwiseError(f"metric {name!r} is a {type(metric).__name__}, not a {kind.__name__}.")
+        return metric
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._metrics
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._metrics)
+
+    def reset(self) -> None:
+        for metric in self._metrics.values():
+            metric.reset()
+
+    def all_reduce(self) -> None:
+        """Sum every numerator and denominator over all processes (no-op without a process group)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or not self._metrics:
+            return
+        stacked = torch.stack([m.state for m in self._metrics.values()])
+        dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
+        for metric, row in zip(self._metrics.values(), stacked):
+            metric.state.copy_(row)
+
+    def compute(self) -> dict[str, float]:
+        """Every metric's value, with one device-to-host copy for all of them."""
+        if not self._metrics:
+            return {}
+        rows = torch.stack([m.state for m in self._metrics.values()]).tolist()
+        return {
+            name: (total / count if count else math.nan)
+            for name, (total, count) in zip(self._metrics, rows)
+        }
+
+    def counts(self) -> dict[str, float]:
+        """The denominators (samples or tokens counted), read back with one sync."""
+        if not self._metrics:
+            return {}
+        rows = torch.stack([m.state for m in self._metrics.values()]).tolist()
+        return {name: count for name, (_, count) in zip(self._metrics, rows)}
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {name: m.state_dict() for name, m in self._metrics.items()}

@@ -1,0 +1,390 @@
+"""The Trainer: composes the primitives (device, seeding, metrics, accumulation, evaluation); no logic of its own.
+
+Everything it does, a hand-written loop can do with the same public calls; see docs/hand-written-loop.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from trainwise import __version__
+from trainwise.accumulation import GradientAccumulator, accumulation_steps
+from trainwise.batches import call_model, count_items, is_classification
+from trainwise.batches import split_batch as default_split_batch
+from trainwise.config import TrainerConfig
+from trainwise.device import move_to_device, pin_memory_default, resolve_device, resolve_precision
+from trainwise.errors import NonFiniteLossError, TrainwiseError
+from trainwise.evaluation import evaluating
+from trainwise.guards import NonFiniteLossGuard, check_optimizer_covers
+from trainwise.metrics import MetricSet
+from trainwise.progress import PlainProgress, make_progress
+from trainwise.runlog import RunLog, default_run_dir
+from trainwise.seeding import prepare_loader, seed_everything, seeded_loader
+
+OptimizerArg = torch.optim.Optimizer | Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None
+
+
+@dataclasses.dataclass
+class FitResult:
+    """What ``fit`` returns: one record per epoch, where the log is, and why training stopped."""
+
+    history: list[dict[str, float]]
+    run_dir: Path
+    steps: int  # optimizer steps taken
+    seconds: float
+    stopped: Literal["completed", "interrupted", "nonfinite"]
+    device: str
+    precision: str
+    message: str = ""
+
+    @property
+    def last(self) -> dict[str, float]:
+        """The last epoch's record (empty if no epoch finished)."""
+        return self.history[-1] if self.history else {}
+
+
+class Trainer:
+    """A small training loop with the fundamentals right by default.
+
+    >>> result = Trainer(epochs=5, lr=1e-3, batch_size=64).fit(model, train_set, val_set)
+    >>> result.last["val_accuracy"]
+
+    ``optimizer`` is an optimizer instance or a factory called with the trainable parameters (default:
+    AdamW with ``lr`` and ``weight_decay``); ``scheduler`` an instance or a factory called with the
+    optimizer, stepped once per optimizer step (``ReduceLROnPlateau`` once per epoch on the validation
+    loss); ``loss_fn(outputs, targets)`` defaults to cross-entropy; ``split_batch(batch)`` returns
+    ``(inputs, targets)``. The plain-valued options are those of :class:`TrainerConfig`.
+    """
+
+    def __init__(
+        self,
+        *,
+        epochs: int = 10,
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        batch_size: int = 32,
+        effective_batch: int | None = None,
+        accumulation_steps: int | None = None,
+        eval_batch_size: int | None = None,
+        max_grad_norm: float | None = None,
+        device: str = "auto",
+        precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto",
+        seed: int = 0,
+        deterministic: bool = False,
+        num_workers: int = 0,
+        compile: bool = False,
+        run_dir: str | None = None,
+        log_every: int = 50,
+        progress: Literal["auto", "bar", "lines", "off"] = "auto",
+        nonfinite: Literal["stop", "skip"] = "stop",
+        accuracy: Literal["auto", "on", "off"] = "auto",
+        loss_reduction: Literal["mean", "sum"] = "mean",
+        count: Literal["samples", "tokens"] = "samples",
+        ignore_index: int = -100,
+        optimizer: OptimizerArg = None,
+        scheduler: Any = None,
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+        split_batch: Callable[[Any], tuple[Any, Any]] | None = None,
+    ) -> None:
+        options = {k: v for k, v in locals().items() if k in TrainerConfig.option_names()}
+        options["run_dir"] = None if run_dir is None else str(run_dir)
+        self.config = TrainerConfig(**options)
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.loss_fn = loss_fn if loss_fn is not None else torch.nn.functional.cross_entropy
+        self.split_batch = split_batch if split_batch is not None else default_split_batch
+
+    @classmethod
+    def from_config(cls, config: TrainerConfig, **objects: Any) -> Trainer:
+        """A Trainer from a :class:`TrainerConfig` plus the optimizer/scheduler/loss_fn/split_batch objects."""
+        return cls(**config.to_dict(), **objects)
+
+    # -- building blocks -------------------------------------------------------------------------------
+
+    def _optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if not trainable:
+            raise TrainwiseError(
+                "the model has no trainable parameters; unfreeze some (requires_grad=True) before fit()."
+            )
+        opt = self.optimizer
+        if opt is None:
+            opt = torch.optim.AdamW(trainable, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        elif not isinstance(opt, torch.optim.Optimizer):
+            if not callable(opt):
+                raise TrainwiseError(
+                    f"optimizer must be a torch optimizer or a factory of one, got {type(opt).__name__}."
+                )
+            opt = opt(trainable)
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise TrainwiseError(
+                    f"the optimizer factory returned a {type(opt).__name__}, not a torch optimizer."
+                )
+        check_optimizer_covers(model, opt)
+        return opt
+
+    def _scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
+        sched = self.scheduler
+        if sched is None or hasattr(sched, "step"):
+            return sched
+        if callable(sched):
+            return sched(optimizer)
+        raise TrainwiseError(f"scheduler must be a scheduler or a factory of one, got {type(sched).__name__}.")
+
+    def _loader(self, data: Any, *, train: bool, device: torch.device) -> Iterable[Any]:
+        cfg = self.config
+        if isinstance(data, DataLoader):
+            return prepare_loader(data, seed=cfg.seed) if train else data
+        if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
+            return seeded_loader(
+                data,
+                batch_size=cfg.batch_size if train else (cfg.eval_batch_size or cfg.batch_size),
+                seed=cfg.seed,
+                shuffle=train,
+                num_workers=cfg.num_workers,
+                pin_memory=pin_memory_default(device),
+            )
+        if isinstance(data, IterableDataset):
+            return DataLoader(data, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
+        if isinstance(data, Iterable):
+            return data
+        raise TrainwiseError(
+            f"training data must be a Dataset, a DataLoader or an iterable of batches, got {type(data).__name__}."
+        )
+
+    def _accumulation_steps(self, loader: Iterable[Any]) -> int:
+        cfg = self.config
+        if cfg.accumulation_steps is not None:
+            return cfg.accumulation_steps
+        if cfg.effective_batch is None:
+            return 1
+        micro = getattr(loader, "batch_size", None) or cfg.batch_size
+        return accumulation_steps(cfg.effective_batch, micro)
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def fit(self, model: torch.nn.Module, train_data: Any, val_data: Any = None) -> FitResult:
+        """Train ``model`` on ``train_data`` (Dataset, DataLoader or iterable of batches), validating each epoch."""
+        if not isinstance(model, torch.nn.Module):
+            raise TrainwiseError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+        cfg = self.config
+        started = time.perf_counter()
+        determinism = _determinism_flags()
+        seed_everything(cfg.seed, deterministic=cfg.deterministic)
+        device = resolve_device(cfg.device).device
+        precision = resolve_precision(cfg.precision, device)
+        model.to(device)
+        optimizer = self._optimizer(model)
+        scheduler = self._scheduler(optimizer)
+        plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        train_loader = self._loader(train_data, train=True, device=device)
+        val_loader = None if val_data is None else self._loader(val_data, train=False, device=device)
+        accumulator = GradientAccumulator(
+            optimizer,
+            steps=self._accumulation_steps(train_loader),
+            scheduler=None if plateau else scheduler,
+            scaler=precision.make_scaler(),
+            max_grad_norm=cfg.max_grad_norm,
+            skip_nonfinite=cfg.nonfinite == "skip",
+        )
+        forward_model = torch.compile(model) if cfg.compile else model
+        run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir()
+        log = RunLog(run_dir)
+        log.write_json(
+            "config.json",
+            {
+                "trainer": cfg.to_dict(),
+                "device": str(device),
+                "precision": precision.name,
+                "precision_reason": precision.reason,
+                "trainwise": __version__,
+                "torch": torch.__version__,
+            },
+        )
+        progress = make_progress(cfg.progress)
+        state = _LoopState(device=device)
+        history: list[dict[str, float]] = []
+        stopped: Literal["completed", "interrupted", "nonfinite"] = "completed"
+        message = ""
+        try:
+            for epoch in range(1, cfg.epochs + 1):
+                epoch_started = time.perf_counter()
+                record: dict[str, float] = {"epoch": epoch}
+                train_values = self._train_epoch(
+                    model, forward_model, train_loader, accumulator, precision, state, epoch, log, progress
+                )
+                record.update({f"train_{k}": v for k, v in train_values.items()})
+                if val_loader is not None:
+                    val_values = self.validate(forward_model, val_loader, precision=precision, device=device)
+                    record.update({f"val_{k}": v for k, v in val_values.items()})
+                if plateau:
+                    scheduler.step(record.get("val_loss", record["train_loss"]))
+                record["lr"] = optimizer.param_groups[0]["lr"]
+                record["step"] = accumulator.optimizer_steps
+                record["seconds"] = time.perf_counter() - epoch_started
+                history.append(record)
+                log.write({"kind": "epoch", **record})
+                progress.end_epoch(epoch, cfg.epochs, {k: v for k, v in record.items() if k != "epoch"})
+        except KeyboardInterrupt:
+            stopped = "interrupted"
+            message = (
+                f"interrupted at step {accumulator.optimizer_steps}; {len(history)} epoch(s) finished and "
+                f"everything logged so far is in {log.path}."
+            )
+            log.write({"kind": "interrupted", "step": accumulator.optimizer_steps})
+            progress.message(message)
+        except NonFiniteLossError as exc:
+            stopped = "nonfinite"
+            message = str(exc)
+            log.write({"kind": "nonfinite", "step": exc.step, "message": message})
+            result = self._result(history, run_dir, accumulator, started, stopped, device, precision, message)
+            exc.result = result  # type: ignore[attr-defined]
+            raise
+        finally:
+            progress.close()
+            log.close()
+            _restore_determinism(determinism)
+        return self._result(history, run_dir, accumulator, started, stopped, device, precision, message)
+
+    @staticmethod
+    def _result(history, run_dir, accumulator, started, stopped, device, precision, message) -> FitResult:
+        return FitResult(
+            history=history,
+            run_dir=run_dir,
+            steps=accumulator.optimizer_steps,
+            seconds=time.perf_counter() - started,
+            stopped=stopped,
+            device=str(device),
+            precision=precision.name,
+            message=message,
+        )
+
+    def _train_epoch(
+        self,
+        model: torch.nn.Module,
+        forward_model: torch.nn.Module,
+        loader: Iterable[Any],
+        accumulator: GradientAccumulator,
+        precision: Any,
+        state: _LoopState,
+        epoch: int,
+        log: RunLog,
+        progress: PlainProgress,
+    ) -> dict[str, float]:
+        cfg = self.config
+        model.train()
+        metrics = MetricSet(state.device)
+        guard = NonFiniteLossGuard(state.device)
+        num_batches = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
+        progress.start_epoch(epoch, cfg.epochs, num_batches)
+        split, loss_fn = self.split_batch, self.loss_fn
+        loss_metric = metrics.mean("loss")
+        accuracy_metric = None
+        for index, batch in enumerate(loader):
+            last = accumulator.micro_batches + 1 >= accumulator.steps or index + 1 == num_batches
+            inputs, targets = split(move_to_device(batch, state.device))
+            with accumulator.sync_context(forward_model, last=last):
+                with precision.autocast():
+                    outputs = call_model(forward_model, inputs)
+                    loss = loss_fn(outputs, targets)
+                items = count_items(targets, count=cfg.count, ignore_index=cfg.ignore_index)
+                accumulator.backward(loss, count=items, reduction=cfg.loss_reduction)
+            if cfg.loss_reduction == "mean":
+                loss_metric.update(loss, items)
+            else:
+                loss_metric.update_sum(loss, items)
+            if state.accuracy is None:
+                state.accuracy = cfg.accuracy == "on" or (
+                    cfg.accuracy == "auto" and is_classification(outputs, targets)
+                )
+            if state.accuracy:
+                if accuracy_metric is None:
+                    accuracy_metric = metrics.accuracy("accuracy", ignore_index=cfg.ignore_index)
+                accuracy_metric.update(outputs, targets)
+            state.micro_step += 1
+            if cfg.nonfinite == "stop":
+                guard.observe(loss, accumulator.optimizer_steps + 1)
+            del outputs, loss  # no graph may outlive its step
+            if last:
+                self._optimizer_step(accumulator, metrics, guard, state, epoch, log, progress)
+            progress.advance()
+        if accumulator.micro_batches:  # an iterable without len(): its last window is short
+            self._optimizer_step(accumulator, metrics, guard, state, epoch, log, progress)
+        if cfg.nonfinite == "stop":
+            guard.check()
+        return metrics.compute()
+
+    def _optimizer_step(self, accumulator, metrics, guard, state, epoch, log, progress) -> None:
+        accumulator.step()
+        state.optimizer_steps += 1
+        if state.optimizer_steps % self.config.log_every == 0:
+            if self.config.nonfinite == "stop":
+                guard.check()
+            values = metrics.compute()  # one host sync per log interval
+            progress.show(values)
+            lr = accumulator.optimizer.param_groups[0]["lr"]
+            log.write({"kind": "train", "epoch": epoch, "step": accumulator.optimizer_steps, **values, "lr": lr})
+
+    def validate(
+        self,
+        model: torch.nn.Module,
+        loader: Iterable[Any],
+        *,
+        precision: Any = None,
+        device: torch.device | str | None = None,
+    ) -> dict[str, float]:
+        """Loss (and accuracy) over a whole loader under eval mode and inference mode, counted by sample."""
+        cfg = self.config
+        device = torch.device(device) if device is not None else resolve_device(cfg.device).device
+        precision = precision or resolve_precision(cfg.precision, device)
+        metrics = MetricSet(device)
+        loss_metric = metrics.mean("loss")
+        use_accuracy: bool | None = None
+        with evaluating(model):
+            for batch in loader:
+                inputs, targets = self.split_batch(move_to_device(batch, device))
+                with precision.autocast():
+                    outputs = call_model(model, inputs)
+                    loss = self.loss_fn(outputs, targets)
+                items = count_items(targets, count=cfg.count, ignore_index=cfg.ignore_index)
+                if cfg.loss_reduction == "mean":
+                    loss_metric.update(loss, items)
+                else:
+                    loss_metric.update_sum(loss, items)
+                if use_accuracy is None:
+                    use_accuracy = cfg.accuracy == "on" or (
+                        cfg.accuracy == "auto" and is_classification(outputs, targets)
+                    )
+                if use_accuracy:
+                    metrics.accuracy("accuracy", ignore_index=cfg.ignore_index).update(outputs, targets)
+        metrics.all_reduce()
+        return metrics.compute()
+
+
+@dataclasses.dataclass
+class _LoopState:
+    device: torch.device
+    accuracy: bool | None = None
+    micro_step: int = 0
+    optimizer_steps: int = 0
+
+
+def _determinism_flags() -> tuple[bool, bool, bool]:
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
+
+
+def _restore_determinism(flags: tuple[bool, bool, bool]) -> None:
+    torch.use_deterministic_algorithms(flags[0])
+    torch.backends.cudnn.deterministic = flags[1]
+    torch.backends.cudnn.benchmark = flags[2]
