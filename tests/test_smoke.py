@@ -1,8 +1,17 @@
 import subprocess
 import sys
 
+OPTIONAL = ("rich", "matplotlib", "onnx", "onnxruntime", "libcst", "tensorboard")
+
 
 def test_import_is_light():
-    code = "import sys, trainwise; bad = [m for m in ('rich', 'matplotlib', 'onnx', 'libcst', 'tensorboard') if m in sys.modules]; print(bad)"
+    code = f"import sys, trainwise; print([m for m in {OPTIONAL!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_public_api_is_exported():
+    import trainwise
+
+    for name in trainwise.__all__:
+        assert hasattr(trainwise, name), name

@@ -82,7 +82,7 @@ def seeded_loader(
     return DataLoader(
         dataset,
         batch_size=batch_size,
-        shuffle=shuffle,
+        sampler=_sampler(dataset, shuffle=shuffle, seed=seed),
         num_workers=num_workers,
         drop_last=drop_last,
         pin_memory=pin_memory,
@@ -109,12 +109,13 @@ def prepare_loader(loader: DataLoader, *, seed: int) -> DataLoader:
     init = seed_worker if user_init is None else _chain_worker_init(user_init)
     from torch.utils.data import RandomSampler
 
-    shuffle = isinstance(loader.sampler, RandomSampler)
-    sampler = None if shuffle or _is_default_sequential(loader) else loader.sampler
+    if isinstance(loader.sampler, RandomSampler):
+        sampler = _sampler(loader.dataset, shuffle=True, seed=seed)
+    else:
+        sampler = loader.sampler  # sequential, or the user's own
     return DataLoader(
         loader.dataset,
         batch_size=loader.batch_size,
-        shuffle=shuffle if sampler is None else None,
         sampler=sampler,
         num_workers=loader.num_workers,
         collate_fn=loader.collate_fn,
@@ -129,10 +130,17 @@ def prepare_loader(loader: DataLoader, *, seed: int) -> DataLoader:
     )
 
 
-def _is_default_sequential(loader: DataLoader) -> bool:
-    from torch.utils.data import SequentialSampler
+def _sampler(dataset: Dataset, *, shuffle: bool, seed: int) -> Any:
+    """A sampler with its own generator, so the order does not depend on ``num_workers``.
 
-    return isinstance(loader.sampler, SequentialSampler)
+    The DataLoader draws worker base seeds from its own generator once per iterator; sharing one generator
+    would make the shuffle order change with the number of workers and with persistent workers.
+    """
+    from torch.utils.data import RandomSampler, SequentialSampler
+
+    if not shuffle:
+        return SequentialSampler(dataset)
+    return RandomSampler(dataset, generator=loader_generator(seed))
 
 
 class _chain_worker_init:  # a class, not a closure, so that it pickles for spawned workers

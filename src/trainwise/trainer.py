@@ -6,6 +6,7 @@ Everything it does, a hand-written loop can do with the same public calls; see d
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -213,6 +214,7 @@ class Trainer:
         history: list[dict[str, float]] = []
         stopped: Literal["completed", "interrupted", "nonfinite"] = "completed"
         message = ""
+        threads = _cpu_threads_beside_workers(device, train_loader)
         try:
             for epoch in range(1, cfg.epochs + 1):
                 epoch_started = time.perf_counter()
@@ -251,6 +253,8 @@ class Trainer:
             progress.close()
             log.close()
             _restore_determinism(determinism)
+            if threads is not None:
+                torch.set_num_threads(threads)
         return self._result(history, run_dir, accumulator, started, stopped, device, precision, message)
 
     @staticmethod
@@ -374,6 +378,27 @@ class _LoopState:
     accuracy: bool | None = None
     micro_step: int = 0
     optimizer_steps: int = 0
+
+
+def _cpu_threads_beside_workers(device: torch.device, loader: Any) -> int | None:
+    """On CPU, leave one core per DataLoader worker; returns the thread count to restore, if changed.
+
+    OpenMP threads spin while they wait: with as many compute threads as cores, workers starve and a
+    2-core machine trains about 15 times slower with 2 workers than with none (measured on the demo).
+    """
+    workers = getattr(loader, "num_workers", 0)
+    if device.type != "cpu" or workers == 0:
+        return None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    before = torch.get_num_threads()
+    wanted = max(1, min(before, cores - workers))
+    if wanted == before:
+        return None
+    torch.set_num_threads(wanted)
+    return before
 
 
 def _determinism_flags() -> tuple[bool, bool, bool]:

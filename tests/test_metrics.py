@@ -1,0 +1,116 @@
+"""Metrics are sums and counts of samples: accuracy = correct / samples seen, never / batches."""
+
+import math
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from trainwise import Accuracy, Mean, MetricSet, Trainer, TrainwiseError
+
+
+def _reference_accuracy(model, x, y):
+    with torch.no_grad():
+        return (model(x).argmax(-1) == y).sum().item() / len(y)
+
+
+def _classifier():
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 3)
+
+
+def test_mean_is_weighted_by_samples():
+    m = Mean()
+    m.update(torch.tensor(1.0), 10)
+    m.update(torch.tensor(4.0), 2)  # a short last batch
+    assert m.compute() == pytest.approx((10 * 1.0 + 2 * 4.0) / 12)
+    m.update_sum(torch.tensor(6.0), 3)
+    assert m.compute() == pytest.approx((10 + 8 + 6) / 15)
+
+
+def test_mean_rejects_non_scalars():
+    with pytest.raises(TrainwiseError, match="takes a scalar"):
+        Mean().update(torch.ones(3), 3)
+
+
+def test_empty_metric_is_nan():
+    assert math.isnan(Mean().compute())
+
+
+def test_accuracy_counts_samples_with_short_last_batch():
+    model = _classifier()
+    x, y = torch.randn(103, 4), torch.randint(0, 3, (103,))
+    acc = Accuracy()
+    for xb, yb in DataLoader(TensorDataset(x, y), batch_size=10):  # last batch has 3 samples
+        acc.update(model(xb), yb)
+    assert acc.compute() == pytest.approx(_reference_accuracy(model, x, y), abs=1e-12)
+
+
+def test_accuracy_ignores_padding_tokens():
+    logits = torch.tensor([[[5.0, 0.0], [0.0, 5.0], [5.0, 0.0]]])
+    targets = torch.tensor([[0, 0, -100]])
+    acc = Accuracy()
+    acc.update(logits, targets)
+    assert acc.compute() == 0.5
+
+
+def test_accuracy_shape_mismatch_is_one_sentence():
+    with pytest.raises(TrainwiseError, match="logits of shape"):
+        Accuracy().update(torch.randn(4, 3), torch.zeros(5, dtype=torch.long))
+
+
+def test_metric_set_reads_back_once():
+    metrics = MetricSet()
+    metrics.mean("loss").update(torch.tensor(2.0), 4)
+    metrics.accuracy("accuracy").update(torch.eye(3), torch.tensor([0, 1, 0]))
+    values = metrics.compute()
+    assert values == {"loss": 2.0, "accuracy": pytest.approx(2 / 3)}
+    assert metrics.counts() == {"loss": 4.0, "accuracy": 3.0}
+    metrics.reset()
+    assert all(math.isnan(v) for v in metrics.compute().values())
+
+
+def test_metrics_stay_detached():
+    w = torch.ones((), requires_grad=True)
+    m = Mean()
+    m.update(w * 3, 2)
+    assert m.state.grad_fn is None and not m.state.requires_grad
+
+
+class _DictData(Dataset):
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"inputs": self.x[i], "targets": self.y[i]}
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("dict_batches", [False, True])
+def test_trainer_validation_accuracy_is_correct_over_dataset(tmp_path, drop_last, dict_batches):
+    x, y = torch.randn(103, 4), torch.randint(0, 3, (103,))
+    data = _DictData(x, y) if dict_batches else TensorDataset(x, y)
+    model = _classifier()
+    trainer = Trainer(progress="off", run_dir=str(tmp_path), device="cpu")
+    loader = DataLoader(data, batch_size=10, drop_last=drop_last)
+    values = trainer.validate(model, loader)
+    seen = 100 if drop_last else 103
+    assert values["accuracy"] == pytest.approx(_reference_accuracy(model, x[:seen], y[:seen]), abs=1e-12)
+    with torch.no_grad():
+        ref_loss = torch.nn.functional.cross_entropy(model(x[:seen]), y[:seen]).item()
+    assert values["loss"] == pytest.approx(ref_loss, rel=1e-6)
+
+
+def test_trainer_train_accuracy_counts_samples(tmp_path):
+    # lr tiny so the model barely moves: train accuracy over one epoch equals a fixed-model reference
+    x, y = torch.randn(103, 4), torch.randint(0, 3, (103,))
+    model = _classifier()
+    expected = _reference_accuracy(model, x, y)
+    result = Trainer(
+        epochs=1, batch_size=10, progress="off", run_dir=str(tmp_path), device="cpu",
+        optimizer=lambda p: torch.optim.SGD(p, lr=1e-12),
+    ).fit(model, DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True))
+    assert result.last["train_accuracy"] == pytest.approx(expected, abs=1e-12)
