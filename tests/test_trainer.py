@@ -241,3 +241,11 @@ def test_unknown_option_gets_the_closest_name():
         Trainer(epocs=3)  # a plain Python keyword error from the explicit signature
     with pytest.raises(TrainwiseError, match="precision must be one of"):
         Trainer(precision="half")
+
+
+@pytest.mark.slow
+def test_compile_is_opt_in_and_trains(tmp_path):
+    model = _mlp()
+    result = _trainer(tmp_path, epochs=2, batch_size=16, compile=True).fit(model, _data(), _data(32, 1))
+    assert result.stopped == "completed" and result.steps == 8
+    assert not any(k.startswith("_orig_mod") for k in model.state_dict())  # the user's model stays unwrapped

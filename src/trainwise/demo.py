@@ -59,9 +59,9 @@ class DigitsCNN(nn.Module):
         return self.head(self.features(x))
 
 
-def make_model() -> DigitsCNN:
+def make_model(width: int = 32, dropout: float = 0.2) -> DigitsCNN:
     """Factory used by ``examples/digits.toml`` and ``trainwise export --demo``."""
-    return DigitsCNN()
+    return DigitsCNN(width=width, dropout=dropout)
 
 
 def make_data(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
