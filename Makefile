@@ -18,11 +18,11 @@ demo: $(STAMP)
 	$(BIN)/trainwise demo
 
 test: $(STAMP)
-	$(BIN)/python -m ruff check src tests benchmarks examples
+	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/python -m ruff check src tests benchmarks examples
+	$(BIN)/python -m ruff check .
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
