@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any, TextIO
 
 
@@ -17,24 +18,30 @@ def _format(values: dict[str, Any]) -> str:
 
 
 class PlainProgress:
-    """One line per epoch (and per log interval when ``verbose``), flushed at once."""
+    """One line per epoch, plus the running metrics at most every ``interval`` seconds within an epoch."""
 
-    def __init__(self, stream: TextIO | None = None, *, enabled: bool = True) -> None:
+    def __init__(self, stream: TextIO | None = None, *, enabled: bool = True, interval: float = 30.0) -> None:
         self.stream = stream or sys.stdout
         self.enabled = enabled
+        self.interval = interval
+        self._epoch = "epoch"
+        self._last_line = time.monotonic()
 
     def start_epoch(self, epoch: int, epochs: int, total: int | None) -> None:
-        pass
+        self._epoch = f"epoch {epoch}/{epochs}"
 
     def advance(self, steps: int = 1) -> None:
         pass
 
     def show(self, values: dict[str, Any]) -> None:
-        pass
+        now = time.monotonic()
+        if now - self._last_line >= self.interval:
+            self.message(f"{self._epoch} (running)  {_format(values)}")
 
     def message(self, text: str) -> None:
         if self.enabled:
             print(text, file=self.stream, flush=True)
+        self._last_line = time.monotonic()
 
     def end_epoch(self, epoch: int, epochs: int, values: dict[str, Any]) -> None:
         self.message(f"epoch {epoch}/{epochs}  {_format(values)}")
