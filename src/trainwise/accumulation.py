@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
 
 from trainwise.errors import TrainwiseError
+
+_NULL_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
 def accumulation_steps(effective_batch: int, micro_batch: int) -> int:
@@ -122,8 +124,14 @@ class GradientAccumulator:
             count = count.detach()
         elif not count > 0:
             raise TrainwiseError(f"count must be the positive number of items behind the loss, got {count!r}.")
-        # The summed loss of the micro-batch: its gradient adds up exactly across micro-batches.
-        total = loss * count if reduction == "mean" else loss
+        if self.steps == 1 and reduction == "mean" and not isinstance(count, torch.Tensor):
+            # A one-micro-batch window of a mean loss already has the right gradient: skip scaling by the
+            # count and dividing it out again (a pass over every gradient that large models notice).
+            total = loss
+            count = 1
+        else:
+            # The summed loss of the micro-batch: its gradient adds up exactly across micro-batches.
+            total = loss * count if reduction == "mean" else loss
         if self.scaler is not None:
             total = self.scaler.scale(total)
         total.backward()
@@ -167,15 +175,12 @@ class GradientAccumulator:
         self._count = 0
         return stepped
 
-    @contextlib.contextmanager
-    def sync_context(self, model: torch.nn.Module, *, last: bool) -> Iterator[None]:
+    def sync_context(self, model: torch.nn.Module, *, last: bool) -> contextlib.AbstractContextManager[None]:
         """Under DDP, skip the gradient all-reduce for every micro-batch but the last of a window."""
         no_sync = getattr(model, "no_sync", None)
         if last or no_sync is None:
-            yield
-        else:
-            with no_sync():
-                yield
+            return _NULL_CONTEXT
+        return no_sync()
 
     def state_dict(self) -> dict[str, int]:
         return {"optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps}

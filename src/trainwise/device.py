@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
 
 from trainwise.errors import TrainwiseError
 
+_NULL_CONTEXT = contextlib.nullcontext()
 PrecisionName = Literal["auto", "bf16", "fp16", "fp32"]
 
 
@@ -53,6 +54,8 @@ def move_to_device(batch: Any, device: torch.device | str, *, non_blocking: bool
     Non-tensor leaves (str, int, float, None) pass through; any other object is a user error.
     """
     device = torch.device(device)
+    if type(batch) in (tuple, list) and all(type(t) is torch.Tensor and t.device == device for t in batch):
+        return batch  # the common case on CPU: nothing to move, skip the walk
     return _move(batch, device, non_blocking, path="batch")
 
 
@@ -126,14 +129,11 @@ class PrecisionPolicy:
         """fp16 underflows small gradients without loss scaling; bf16 has fp32's range and needs none."""
         return self.name == "fp16"
 
-    @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Autocast for the forward pass and loss (not for backward or the optimizer step)."""
         if self.name == "fp32":
-            yield
-            return
-        with torch.autocast(device_type=self.device.type, dtype=self.dtype):
-            yield
+            return _NULL_CONTEXT
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
     def make_scaler(self) -> torch.amp.GradScaler | None:
         """A GradScaler for fp16, None otherwise."""

@@ -10,40 +10,47 @@ from trainwise.errors import NonFiniteLossError
 
 
 class NonFiniteLossGuard:
-    """Record, on the device, the first step whose loss was NaN or infinite; check it once per interval.
+    """Remember each step's loss on the device; once per interval, find the first NaN/inf step.
 
-    ``observe`` queues two small kernels and never waits for the device; ``check`` reads one number back
-    and raises :class:`NonFiniteLossError` naming the first bad step.
+    ``observe`` keeps a detached reference (no kernel, no host sync); ``check`` stacks what it kept, reads
+    one flag back and raises :class:`NonFiniteLossError` naming the first bad step.
     """
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
-        self._first_bad = torch.full((), -1, dtype=torch.int64, device=self.device)
-        self._value = torch.zeros((), dtype=torch.float32, device=self.device)
+        self._steps: list[int] = []
+        self._losses: list[torch.Tensor] = []
 
     def observe(self, loss: torch.Tensor, step: int) -> None:
-        loss = loss.detach().reshape(()).float()
-        newly_bad = (~torch.isfinite(loss)) & (self._first_bad < 0)
-        self._first_bad = torch.where(newly_bad, step, self._first_bad)
-        self._value = torch.where(newly_bad, loss, self._value)
+        self._steps.append(step)
+        self._losses.append(loss.detach())
 
-    def first_bad_step(self) -> int | None:
-        step = int(self._first_bad)
-        return None if step < 0 else step
+    def first_bad(self) -> tuple[int, float] | None:
+        """``(step, value)`` of the first non-finite loss observed since the last reset, or None."""
+        if not self._losses:
+            return None
+        losses = torch.stack([loss.reshape(()).float() for loss in self._losses])
+        bad = ~torch.isfinite(losses)
+        if not bool(bad.any()):  # the one host sync
+            self.reset()
+            return None
+        index = int(bad.nonzero()[0, 0])
+        return self._steps[index], float(losses[index])
 
-    def check(self, *, hint: str = "") -> None:
-        step = self.first_bad_step()
-        if step is None:
+    def check(self) -> None:
+        found = self.first_bad()
+        if found is None:
             return
-        value = float(self._value)
+        step, value = found
         raise NonFiniteLossError(
             f"the training loss became {value} at step {step}; lower the learning rate, clip gradients "
-            f"(max_grad_norm) or use nonfinite='skip' to skip such steps{hint}.",
+            "(max_grad_norm) or use nonfinite='skip' to skip such steps.",
             step=step,
         )
 
     def reset(self) -> None:
-        self._first_bad.fill_(-1)
+        self._steps.clear()
+        self._losses.clear()
 
 
 class UnoptimizedParameterWarning(UserWarning):

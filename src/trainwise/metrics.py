@@ -22,24 +22,45 @@ def _accumulator_dtype(device: torch.device) -> torch.dtype:
 
 
 class Metric:
-    """A numerator and a denominator on one device; the value is their ratio."""
+    """A numerator and a denominator on one device; the value is their ratio.
+
+    Counts given as Python numbers are summed on the host (no kernel); counts given as tensors (tokens) on
+    the device. Both are folded into ``state`` before anything reads it.
+    """
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
         self.state = torch.zeros(2, dtype=_accumulator_dtype(self.device), device=self.device)
+        self._total, self._count = self.state[0], self.state[1]  # views, made once
+        self._host_count = 0.0
+
+    def _add_count(self, count: torch.Tensor | int | float) -> None:
+        if isinstance(count, torch.Tensor):
+            self._count.add_(count)
+        else:
+            self._host_count += count
+
+    def fold(self) -> torch.Tensor:
+        """Move host-side counts into ``state`` and return it (numerator, denominator)."""
+        if self._host_count:
+            self._count.add_(self._host_count)
+            self._host_count = 0.0
+        return self.state
 
     def reset(self) -> None:
         self.state.zero_()
+        self._host_count = 0.0
 
     def compute(self) -> float:
         """The current value (one host sync). NaN when nothing was counted."""
-        total, count = self.state.tolist()
+        total, count = self.fold().tolist()
         return total / count if count else math.nan
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"state": self.state.detach().cpu().clone()}
+        return {"state": self.fold().detach().cpu().clone()}
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.reset()
         self.state.copy_(state_dict["state"].to(self.state))
 
 
@@ -54,16 +75,21 @@ class Mean(Metric):
                     f"Mean.update takes a scalar, got a tensor of shape {tuple(value.shape)}; reduce it "
                     "first or pass its sum to update_sum with the number of items."
                 )
-            value = value.detach().reshape(()).to(self.state.dtype)
-        self.state[0].add_(value * weight)
-        self.state[1].add_(weight)
+            value = value.detach().reshape(())
+            if isinstance(weight, torch.Tensor):
+                self._total.add_(value * weight)
+            else:
+                self._total.add_(value, alpha=weight)
+        else:
+            self._total.add_(value * weight)
+        self._add_count(weight)
 
     def update_sum(self, total: torch.Tensor | float, count: torch.Tensor | int | float) -> None:
         """Add a sum over ``count`` items (for a loss computed with ``reduction='sum'``)."""
         if isinstance(total, torch.Tensor):
-            total = total.detach().reshape(()).to(self.state.dtype)
-        self.state[0].add_(total)
-        self.state[1].add_(count)
+            total = total.detach().reshape(())
+        self._total.add_(total)
+        self._add_count(count)
 
 
 class Accuracy(Metric):
@@ -80,20 +106,25 @@ class Accuracy(Metric):
                 f"Accuracy needs logits of shape (..., classes) and targets of shape (...); got "
                 f"{tuple(logits.shape)} and {tuple(targets.shape)}."
             )
-        predictions = logits.detach().argmax(dim=-1)
-        correct = predictions == targets
-        if self.ignore_index is not None:
-            keep = targets != self.ignore_index
-            self.state[0].add_((correct & keep).sum())
-            self.state[1].add_(keep.sum())
+        correct = logits.detach().argmax(dim=-1) == targets
+        ignore = self.ignore_index
+        if ignore is not None and 0 <= ignore < logits.shape[-1]:
+            # a class index can be predicted, so ignored positions must be masked out of the correct ones
+            keep = targets != ignore
+            self._total.add_((correct & keep).sum())
+            self._count.add_(keep.sum())
+        elif ignore is not None:
+            # argmax never equals a negative or out-of-range index: ignored positions are never "correct"
+            self._total.add_(correct.sum())
+            self._count.add_((targets != ignore).sum())
         else:
-            self.state[0].add_(correct.sum())
-            self.state[1].add_(targets.numel())
+            self._total.add_(correct.sum())
+            self._host_count += targets.numel()
 
     def update_counts(self, correct: torch.Tensor | int, count: torch.Tensor | int) -> None:
         """Add precomputed counts of correct predictions and of samples."""
-        self.state[0].add_(correct)
-        self.state[1].add_(count)
+        self._total.add_(correct)
+        self._add_count(count)
 
 
 class MetricSet:
@@ -141,7 +172,7 @@ class MetricSet:
 
         if not (dist.is_available() and dist.is_initialized()) or not self._metrics:
             return
-        stacked = torch.stack([m.state for m in self._metrics.values()])
+        stacked = torch.stack([m.fold() for m in self._metrics.values()])
         dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
         for metric, row in zip(self._metrics.values(), stacked):
             metric.state.copy_(row)
@@ -150,7 +181,7 @@ class MetricSet:
         """Every metric's value, with one device-to-host copy for all of them."""
         if not self._metrics:
             return {}
-        rows = torch.stack([m.state for m in self._metrics.values()]).tolist()
+        rows = torch.stack([m.fold() for m in self._metrics.values()]).tolist()
         return {
             name: (total / count if count else math.nan)
             for name, (total, count) in zip(self._metrics, rows)
@@ -160,7 +191,7 @@ class MetricSet:
         """The denominators (samples or tokens counted), read back with one sync."""
         if not self._metrics:
             return {}
-        rows = torch.stack([m.state for m in self._metrics.values()]).tolist()
+        rows = torch.stack([m.fold() for m in self._metrics.values()]).tolist()
         return {name: count for name, (_, count) in zip(self._metrics, rows)}
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
