@@ -249,3 +249,18 @@ def test_compile_is_opt_in_and_trains(tmp_path):
     result = _trainer(tmp_path, epochs=2, batch_size=16, compile=True).fit(model, _data(), _data(32, 1))
     assert result.stopped == "completed" and result.steps == 8
     assert not any(k.startswith("_orig_mod") for k in model.state_dict())  # the user's model stays unwrapped
+
+
+def test_empty_training_data(tmp_path):
+    loader = DataLoader(_data(8), batch_size=16, drop_last=True)
+    with pytest.raises(TrainwiseError, match="yields no batches"):
+        _trainer(tmp_path).fit(_mlp(), loader)
+
+
+def test_deterministic_fit_restores_the_global_switches(tmp_path):
+    before = torch.are_deterministic_algorithms_enabled()
+    _trainer(tmp_path, epochs=1, deterministic=True).fit(_mlp(), _data())
+    assert torch.are_deterministic_algorithms_enabled() == before
+    with pytest.raises(TrainwiseError):
+        _trainer(tmp_path / "b", deterministic=True).fit(_mlp().requires_grad_(False), _data())
+    assert torch.are_deterministic_algorithms_enabled() == before

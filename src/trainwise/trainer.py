@@ -175,9 +175,15 @@ class Trainer:
         """Train ``model`` on ``train_data`` (Dataset, DataLoader or iterable of batches), validating each epoch."""
         if not isinstance(model, torch.nn.Module):
             raise TrainwiseError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+        determinism = _determinism_flags()
+        try:
+            return self._fit(model, train_data, val_data)
+        finally:
+            _restore_determinism(determinism)  # deterministic=True holds for this fit only
+
+    def _fit(self, model: torch.nn.Module, train_data: Any, val_data: Any) -> FitResult:
         cfg = self.config
         started = time.perf_counter()
-        determinism = _determinism_flags()
         seed_everything(cfg.seed, deterministic=cfg.deterministic)
         device = resolve_device(cfg.device).device
         precision = resolve_precision(cfg.precision, device)
@@ -252,7 +258,6 @@ class Trainer:
         finally:
             progress.close()
             log.close()
-            _restore_determinism(determinism)
             if threads is not None:
                 torch.set_num_threads(threads)
         return self._result(history, run_dir, accumulator, started, stopped, device, precision, message)
@@ -287,6 +292,10 @@ class Trainer:
         metrics = MetricSet(state.device)
         guard = NonFiniteLossGuard(state.device)
         num_batches = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
+        if num_batches == 0:
+            raise TrainwiseError(
+                "the training data yields no batches; use a smaller batch_size or drop_last=False."
+            )
         progress.start_epoch(epoch, cfg.epochs, num_batches)
         split, loss_fn = self.split_batch, self.loss_fn
         loss_metric = metrics.mean("loss")
