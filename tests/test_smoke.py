@@ -15,3 +15,9 @@ def test_public_api_is_exported():
 
     for name in trainwise.__all__:
         assert hasattr(trainwise, name), name
+
+
+def test_cli_parser_does_not_import_torch():
+    code = "import sys; from trainwise.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

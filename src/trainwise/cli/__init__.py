@@ -13,8 +13,13 @@ EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
 
 
+# One module per subcommand, each with register(subparsers); imported lazily so that no subcommand's
+# dependencies (torch above all) load before they are needed.
+SUBCOMMANDS = ("demo", "fit")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from trainwise.cli import demo, fit
+    import importlib
 
     parser = argparse.ArgumentParser(
         prog="trainwise",
@@ -22,8 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"trainwise {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (demo, fit):
-        module.register(sub)
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"trainwise.cli.{name}").register(sub)
     return parser
 
 
