@@ -29,6 +29,7 @@ def _mlp(seed=0):
 def _trainer(tmp_path, **kw):
     kw.setdefault("progress", "off")
     kw.setdefault("device", "cpu")
+    kw.setdefault("plot", False)
     return Trainer(run_dir=str(tmp_path / "run"), **kw)
 
 
@@ -77,15 +78,19 @@ def test_no_tensor_with_grad_fn_survives_a_step(tmp_path):
             previous.extend([weakref.ref(outputs), weakref.ref(loss)])
         return loss
 
+    def graph_tensors():
+        gc.collect()
+        with warnings.catch_warnings():  # isinstance() on torch's deprecated module attributes warns
+            warnings.simplefilter("ignore", FutureWarning)
+            return {id(o) for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.grad_fn is not None}
+
+    before = graph_tensors()  # other tests may keep their own graphs alive; only ours count
     model = _mlp()
     _trainer(tmp_path, epochs=3, batch_size=16, loss_fn=loss_fn, log_every=1).fit(model, _data(), _data(32, 1))
     assert len(previous) == 2 * 3 * 4
     assert leaks == []
-    gc.collect()
+    assert not graph_tensors() - before
     assert all(ref() is None for ref in previous)
-    with warnings.catch_warnings():  # isinstance() on torch's deprecated module attributes warns
-        warnings.simplefilter("ignore", FutureWarning)
-        assert not [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.grad_fn is not None]
 
 
 def test_fp16_uses_a_scaler_and_bf16_does_not(tmp_path, monkeypatch):

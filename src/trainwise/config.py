@@ -36,6 +36,15 @@ class TrainerConfig:
     loss_reduction: Literal["mean", "sum"] = "mean"  # how loss_fn reduces over items
     count: Literal["samples", "tokens"] = "samples"  # what the loss averages over
     ignore_index: int = -100  # target value that is not counted as a token
+    lr_by_pattern: dict[str, float] | None = None  # learning rate per glob of parameter names
+    unfreeze_at: dict[int, list[str]] | None = None  # epoch -> patterns to unfreeze at its start
+    patience: int | None = None  # early stopping: epochs without improvement before stopping
+    monitor: str = "val_loss"  # the metric early stopping and "best epoch" follow
+    mode: Literal["auto", "min", "max"] = "auto"  # auto: max for accuracy-like names, min otherwise
+    min_delta: float = 0.0  # smallest change that counts as an improvement
+    keep_best: Literal["memory", "disk"] = "memory"  # where early stopping keeps the best weights
+    diagnose: bool = True  # report the onset of overfitting once
+    plot: bool = True  # learning-curve PNG in the run folder (needs matplotlib)
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(TrainerConfig)
@@ -55,6 +64,12 @@ class TrainerConfig:
             raise TrainwiseError(f"num_workers must be 0 or more, got {self.num_workers}.")
         if self.lr <= 0:
             raise TrainwiseError(f"lr must be positive, got {self.lr}.")
+        if self.patience is not None and self.patience < 0:
+            raise TrainwiseError(f"patience must be 0 or more, or unset, got {self.patience}.")
+        if self.min_delta < 0:
+            raise TrainwiseError(f"min_delta must be 0 or more, got {self.min_delta}.")
+        if self.unfreeze_at is not None:
+            self.unfreeze_at = {int(k): list(v) for k, v in self.unfreeze_at.items()}
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise TrainwiseError(f"max_grad_norm must be positive or unset, got {self.max_grad_norm}.")
 
@@ -92,6 +107,20 @@ def _check_type(name: str, value: Any, hint: Any) -> Any:
         if value not in args:
             raise TrainwiseError(f"{name} must be one of {', '.join(map(repr, args))}, got {value!r}.")
         return value
+    if origin is dict:
+        key_type, value_type = args
+        if not isinstance(value, dict):
+            raise TrainwiseError(f"{name} must be a table (dict), got {value!r}.")
+        checked = {}
+        for key, item in value.items():
+            if key_type is int and isinstance(key, str) and key.strip().lstrip("-").isdigit():
+                key = int(key)  # TOML table keys are strings
+            checked[_check_type(f"{name} key", key, key_type)] = _check_type(f"{name}[{key!r}]", item, value_type)
+        return checked
+    if origin is list:
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise TrainwiseError(f"{name} must be a list, got {value!r}.")
+        return [_check_type(f"{name} item", item, args[0]) for item in value]
     if hint is bool:
         if not isinstance(value, bool):
             raise TrainwiseError(f"{name} must be true or false, got {value!r}.")
@@ -130,6 +159,8 @@ def _parse_value(name: str, raw: str, hint: Any) -> Any:
         return _parse_value(name, raw, next(a for a in args if a is not type(None)))
     if origin is Literal:
         return _check_type(name, raw, hint)
+    if origin in (dict, list):
+        return _check_type(name, _toml_value(name, raw), hint)
     try:
         if hint is bool:
             lowered = raw.lower()
@@ -146,3 +177,19 @@ def _parse_value(name: str, raw: str, hint: Any) -> Any:
         kind = {bool: "true or false", int: "an integer", float: "a number"}[hint]
         raise TrainwiseError(f"{name} must be {kind}, got {raw!r}.") from None
     return raw
+
+
+def _toml_value(name: str, raw: str) -> Any:
+    """A table or list written inline in TOML syntax: ``'{"backbone.*" = 1e-4}'`` or ``'[1, 2]'``."""
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        return tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        raise TrainwiseError(
+            f"{name} must be written as an inline TOML table or list, like {{\"backbone.*\" = 1e-4}}; got {raw!r}."
+        ) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -26,9 +27,18 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-def digits_datasets(seed: int = 0, *, val_fraction: float = 0.2) -> tuple[TensorDataset, TensorDataset]:
-    """A train/validation split of the digits, fixed by ``seed``."""
+def digits_datasets(
+    seed: int = 0, *, val_fraction: float = 0.2, digits: Sequence[int] | None = None
+) -> tuple[TensorDataset, TensorDataset]:
+    """A train/validation split of the digits, fixed by ``seed``; ``digits`` keeps only those classes,
+    relabelled 0..len(digits)-1 in the order given."""
     x, y = load_digits()
+    if digits is not None:
+        keep = torch.isin(y, torch.tensor(list(digits)))
+        x, y = x[keep], y[keep]
+        relabel = torch.full((10,), -1, dtype=torch.int64)
+        relabel[torch.tensor(list(digits))] = torch.arange(len(digits))
+        y = relabel[y]
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
     n_val = round(len(y) * val_fraction)
     val, train = order[:n_val], order[n_val:]
@@ -114,5 +124,63 @@ def run_demo(
         "device": result.device,
         "precision": result.precision,
         "stopped": result.stopped,
+        "overfitting": result.overfitting.message() if result.overfitting else None,
+        "model": model,
+    }
+
+
+def run_finetune_demo(
+    *,
+    seed: int = 0,
+    epochs: int = 8,
+    workers: int = 0,
+    run_dir: str | None = None,
+    device: str = "auto",
+    progress: str = "auto",
+) -> dict[str, Any]:
+    """Pretrain on digits 0-4, then fine-tune a new head on digits 5-9 with the backbone frozen.
+
+    Returns both phases' validation accuracy and whether the frozen BatchNorm statistics (running mean,
+    running variance, batches tracked) and the frozen weights stayed bitwise unchanged.
+    """
+    from pathlib import Path
+
+    from trainwise.freezing import freeze, frozen_norm_layers
+    from trainwise.runlog import default_run_dir
+    from trainwise.seeding import seed_everything
+    from trainwise.trainer import Trainer
+
+    started = time.perf_counter()
+    root = Path(run_dir) if run_dir else default_run_dir()
+    seed_everything(seed)
+    model = DigitsCNN(num_classes=5)
+    options = dict(
+        epochs=epochs, lr=3e-3, batch_size=64, eval_batch_size=256, seed=seed, num_workers=workers, device=device,
+        progress=progress,
+    )
+    pre_train, pre_val = digits_datasets(seed, digits=range(5))
+    pretrain = Trainer(run_dir=str(root / "pretrain"), **options).fit(model, pre_train, pre_val)  # type: ignore[arg-type]
+
+    width = model.head[-1].in_features
+    model.head = nn.Sequential(  # a new head for digits 5-9; the backbone keeps what it learnt on 0-4
+        nn.Flatten(), nn.Linear(width, 128), nn.ReLU(), nn.Dropout(0.2), nn.Linear(128, 5)
+    )
+    freeze(model, "features")
+    frozen = {k: v.detach().clone() for k, v in model.features.state_dict().items()}
+    fine_train, fine_val = digits_datasets(seed, digits=range(5, 10))
+    options.update(epochs=epochs + epochs // 2, lr=1e-2, batch_size=32)
+    finetune = Trainer(run_dir=str(root / "finetune"), **options).fit(model, fine_train, fine_val)  # type: ignore[arg-type]
+    after = model.features.state_dict()
+    changed = [k for k, v in frozen.items() if not torch.equal(v, after[k])]
+    return {
+        "pretrain_val_accuracy": pretrain.last.get("val_accuracy"),
+        "finetune_val_accuracy": finetune.last.get("val_accuracy"),
+        "frozen_norm_layers": [f"features.{n}" for n in frozen_norm_layers(model.features)],
+        "frozen_unchanged": not changed,
+        "changed": changed,
+        "epochs": len(pretrain.history) + len(finetune.history),
+        "seconds": round(time.perf_counter() - started, 3),
+        "run_dir": str(root),
+        "device": finetune.device,
         "model": model,
     }

@@ -21,10 +21,14 @@ from trainwise.batches import call_model, count_items, is_classification
 from trainwise.batches import split_batch as default_split_batch
 from trainwise.config import TrainerConfig
 from trainwise.device import move_to_device, pin_memory_default, resolve_device, resolve_precision
+from trainwise.diagnosis import OverfittingReport, detect_overfitting
+from trainwise.early_stopping import EarlyStopping, metric_mode
 from trainwise.errors import NonFiniteLossError, TrainwiseError
 from trainwise.evaluation import evaluating
+from trainwise.freezing import extend_optimizer, param_groups, unfreeze
 from trainwise.guards import NonFiniteLossGuard, check_optimizer_covers
 from trainwise.metrics import MetricSet
+from trainwise.plots import PLOT_HINT, plot_learning_curves
 from trainwise.progress import PlainProgress, make_progress
 from trainwise.runlog import RunLog, default_run_dir
 from trainwise.seeding import prepare_loader, seed_everything, seeded_loader
@@ -44,6 +48,11 @@ class FitResult:
     device: str
     precision: str
     message: str = ""
+    best_epoch: int | None = None  # by ``monitor``; with early stopping, the epoch whose weights the model has
+    best_value: float | None = None
+    stopped_early: bool = False
+    overfitting: OverfittingReport | None = None
+    plot: Path | None = None
 
     @property
     def last(self) -> dict[str, float]:
@@ -89,6 +98,15 @@ class Trainer:
         loss_reduction: Literal["mean", "sum"] = "mean",
         count: Literal["samples", "tokens"] = "samples",
         ignore_index: int = -100,
+        lr_by_pattern: dict[str, float] | None = None,
+        unfreeze_at: dict[int, list[str]] | None = None,
+        patience: int | None = None,
+        monitor: str = "val_loss",
+        mode: Literal["auto", "min", "max"] = "auto",
+        min_delta: float = 0.0,
+        keep_best: Literal["memory", "disk"] = "memory",
+        diagnose: bool = True,
+        plot: bool = True,
         optimizer: OptimizerArg = None,
         scheduler: Any = None,
         loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
@@ -116,14 +134,15 @@ class Trainer:
                 "the model has no trainable parameters; unfreeze some (requires_grad=True) before fit()."
             )
         opt = self.optimizer
+        groups = param_groups(model, lr_by_pattern=self.config.lr_by_pattern)  # trainable only
         if opt is None:
-            opt = torch.optim.AdamW(trainable, lr=self.config.lr, weight_decay=self.config.weight_decay)
+            opt = torch.optim.AdamW(groups, lr=self.config.lr, weight_decay=self.config.weight_decay)
         elif not isinstance(opt, torch.optim.Optimizer):
             if not callable(opt):
                 raise TrainwiseError(
                     f"optimizer must be a torch optimizer or a factory of one, got {type(opt).__name__}."
                 )
-            opt = opt(trainable)
+            opt = opt(groups)
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TrainwiseError(
                     f"the optimizer factory returned a {type(opt).__name__}, not a torch optimizer."
@@ -217,13 +236,23 @@ class Trainer:
         )
         progress = make_progress(cfg.progress)
         state = _LoopState(device=device)
+        stopper = None
+        if cfg.patience is not None:
+            stopper = EarlyStopping(
+                cfg.monitor,
+                mode=cfg.mode,
+                patience=cfg.patience,
+                min_delta=cfg.min_delta,
+                keep=cfg.keep_best,
+                path=run_dir / "best-weights.pt" if cfg.keep_best == "disk" else None,
+            )
         history: list[dict[str, float]] = []
-        stopped: Literal["completed", "interrupted", "nonfinite"] = "completed"
-        message = ""
+        outcome = _Outcome()
         threads = _cpu_threads_beside_workers(device, train_loader)
         try:
             for epoch in range(1, cfg.epochs + 1):
                 epoch_started = time.perf_counter()
+                self._unfreeze_scheduled(epoch, model, optimizer, scheduler, progress, log)
                 record: dict[str, float] = {"epoch": epoch}
                 train_values = self._train_epoch(
                     model, forward_model, train_loader, accumulator, precision, state, epoch, log, progress
@@ -240,39 +269,94 @@ class Trainer:
                 history.append(record)
                 log.write({"kind": "epoch", **record})
                 progress.end_epoch(epoch, cfg.epochs, {k: v for k, v in record.items() if k != "epoch"})
+                if cfg.diagnose and outcome.overfitting is None:
+                    outcome.overfitting = detect_overfitting(history)
+                    if outcome.overfitting is not None:
+                        progress.message(outcome.overfitting.message())
+                        log.write({"kind": "overfitting", **dataclasses.asdict(outcome.overfitting)})
+                if stopper is not None and stopper.update(epoch, record, model):
+                    outcome.stopped_early = True
+                    progress.message(
+                        f"early stopping at epoch {epoch}: {cfg.monitor} has not improved for "
+                        f"{stopper.bad_epochs} epochs (best {stopper.best_value:.6g} at epoch {stopper.best_epoch})."
+                    )
+                    break
         except KeyboardInterrupt:
-            stopped = "interrupted"
-            message = (
+            outcome.stopped = "interrupted"
+            outcome.message = (
                 f"interrupted at step {accumulator.optimizer_steps}; {len(history)} epoch(s) finished and "
                 f"everything logged so far is in {log.path}."
             )
             log.write({"kind": "interrupted", "step": accumulator.optimizer_steps})
-            progress.message(message)
+            progress.message(outcome.message)
         except NonFiniteLossError as exc:
-            stopped = "nonfinite"
-            message = str(exc)
-            log.write({"kind": "nonfinite", "step": exc.step, "message": message})
-            result = self._result(history, run_dir, accumulator, started, stopped, device, precision, message)
-            exc.result = result  # type: ignore[attr-defined]
+            outcome.stopped = "nonfinite"
+            outcome.message = str(exc)
+            log.write({"kind": "nonfinite", "step": exc.step, "message": outcome.message})
+            exc.result = self._finish(  # type: ignore[attr-defined]
+                model, history, run_dir, accumulator, started, device, precision, outcome, None, progress
+            )
+            _close(progress, log)
+            raise
+        except BaseException:
+            _close(progress, log)
             raise
         finally:
-            progress.close()
-            log.close()
             if threads is not None:
                 torch.set_num_threads(threads)
-        return self._result(history, run_dir, accumulator, started, stopped, device, precision, message)
+        result = self._finish(
+            model, history, run_dir, accumulator, started, device, precision, outcome, stopper, progress
+        )
+        _close(progress, log)
+        return result
 
-    @staticmethod
-    def _result(history, run_dir, accumulator, started, stopped, device, precision, message) -> FitResult:
+    def _unfreeze_scheduled(self, epoch, model, optimizer, scheduler, progress, log) -> None:
+        patterns = (self.config.unfreeze_at or {}).get(epoch)
+        if not patterns:
+            return
+        unfreeze(model, *patterns)
+        added = extend_optimizer(optimizer, model, lr_by_pattern=self.config.lr_by_pattern, scheduler=scheduler)
+        progress.message(f"epoch {epoch}: unfroze {', '.join(patterns)} ({len(added)} parameter tensors added)")
+        log.write({"kind": "unfreeze", "epoch": epoch, "patterns": list(patterns), "parameters": added})
+
+    def _finish(
+        self, model, history, run_dir, accumulator, started, device, precision, outcome, stopper, progress
+    ) -> FitResult:
+        """Restore the best weights (early stopping), find the best epoch, draw the curves, build the result."""
+        cfg = self.config
+        best_epoch = best_value = None
+        if stopper is not None and stopper.best_epoch is not None:
+            best_epoch, best_value = stopper.best_epoch, stopper.best_value
+            if stopper.restore(model) is not None and best_epoch != len(history):
+                progress.message(f"restored the weights of epoch {best_epoch} ({cfg.monitor} {best_value:.6g}).")
+        elif history:
+            best_epoch, best_value = _best(history, cfg.monitor, cfg.mode)
+        plot_path = None
+        if cfg.plot and history:
+            try:
+                plot_path = plot_learning_curves(
+                    history,
+                    run_dir / "learning_curves.png",
+                    monitor=cfg.monitor,
+                    best_epoch=best_epoch,
+                    overfitting_epoch=outcome.overfitting.onset_epoch if outcome.overfitting else None,
+                )
+            except ImportError:
+                progress.message(PLOT_HINT)
         return FitResult(
             history=history,
             run_dir=run_dir,
             steps=accumulator.optimizer_steps,
             seconds=time.perf_counter() - started,
-            stopped=stopped,
+            stopped=outcome.stopped,
             device=str(device),
             precision=precision.name,
-            message=message,
+            message=outcome.message,
+            best_epoch=best_epoch,
+            best_value=best_value,
+            stopped_early=outcome.stopped_early,
+            overfitting=outcome.overfitting,
+            plot=plot_path,
         )
 
     def _train_epoch(
@@ -379,6 +463,28 @@ class Trainer:
                     metrics.accuracy("accuracy", ignore_index=cfg.ignore_index).update(outputs, targets)
         metrics.all_reduce()
         return metrics.compute()
+
+
+def _close(progress: PlainProgress, log: RunLog) -> None:
+    progress.close()
+    log.close()
+
+
+@dataclasses.dataclass
+class _Outcome:
+    stopped: Literal["completed", "interrupted", "nonfinite"] = "completed"
+    message: str = ""
+    stopped_early: bool = False
+    overfitting: OverfittingReport | None = None
+
+
+def _best(history: list[dict[str, Any]], monitor: str, mode: str) -> tuple[int | None, float | None]:
+    scored = [(r[monitor], r["epoch"]) for r in history if isinstance(r.get(monitor), (int, float))]
+    if not scored:
+        return None, None
+    direction = metric_mode(monitor) if mode == "auto" else mode
+    value, epoch = (min if direction == "min" else max)(scored, key=lambda pair: pair[0])
+    return epoch, value
 
 
 @dataclasses.dataclass

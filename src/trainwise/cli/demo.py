@@ -19,11 +19,16 @@ def register(sub: Any) -> None:
     parser.add_argument("--run-dir", default=None, help="run folder (default runs/<date>-<time>)")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, mps")
     parser.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
+    parser.add_argument(
+        "--finetune",
+        action="store_true",
+        help="pretrain on digits 0-4, then fine-tune a new head on 5-9 with the backbone frozen",
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainwise.demo import DIGITS_ATTRIBUTION, run_demo
+    from trainwise.demo import DIGITS_ATTRIBUTION, run_demo, run_finetune_demo
     from trainwise.errors import TrainwiseError
 
     if args.epochs < 1:
@@ -32,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
         raise TrainwiseError(f"--workers must be 0 or more, got {args.workers}.")
     if not args.json:
         print(f"trainwise demo: {DIGITS_ATTRIBUTION}")
+    if args.finetune:
+        return _finetune(args, run_finetune_demo)
     summary = run_demo(
         seed=args.seed,
         epochs=args.epochs,
@@ -50,3 +57,25 @@ def run(args: argparse.Namespace) -> int:
             f"log in {summary['run_dir']}/metrics.jsonl"
         )
     return 0
+
+
+def _finetune(args: argparse.Namespace, run_finetune_demo: Any) -> int:
+    summary = run_finetune_demo(
+        seed=args.seed,
+        epochs=min(args.epochs, 8),
+        workers=args.workers,
+        run_dir=args.run_dir,
+        device=args.device,
+        progress="off" if args.json else "auto",
+    )
+    summary.pop("model")
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        verdict = "unchanged (bitwise)" if summary["frozen_unchanged"] else f"CHANGED: {summary['changed']}"
+        print(
+            f"pretrain on 0-4: validation accuracy {summary['pretrain_val_accuracy']:.4f}; fine-tune on 5-9 with "
+            f"the backbone frozen: {summary['finetune_val_accuracy']:.4f}. Frozen weights and BatchNorm "
+            f"statistics ({', '.join(summary['frozen_norm_layers'])}): {verdict}."
+        )
+    return 0 if summary["frozen_unchanged"] else 1

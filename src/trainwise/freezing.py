@@ -1,0 +1,287 @@
+"""Freezing for fine-tuning: parameters stop training, and norm layers inside a frozen part stay in eval mode.
+
+``model.train()`` walks every submodule and switches BatchNorm back to batch statistics, so a "frozen"
+backbone keeps updating its running mean and variance. Here a frozen norm layer's class is swapped for a
+subclass whose ``train()`` keeps it in eval mode (the technique ``torch.nn.utils.parametrize`` uses), which
+survives ``train()`` on any ancestor, ``deepcopy``, pickling, ``state_dict`` and ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainwise.errors import TrainwiseError
+
+Pattern = str | nn.Module | nn.Parameter
+
+_FROZEN_CLASSES: dict[type, type] = {}
+
+
+def _new_frozen(base: type) -> nn.Module:
+    """Unpickling and deepcopy entry point: a bare instance of the frozen subclass of ``base``."""
+    return base.__new__(_frozen_class(base))
+
+
+def _frozen_train(self: nn.Module, mode: bool = True) -> nn.Module:
+    return type(self).__mro__[1].train(self, False)
+
+
+def _frozen_reduce_ex(self: nn.Module, protocol: Any) -> Any:
+    # Pickle as the original class plus a marker, so that files name an importable class.
+    reduced = object.__reduce_ex__(self, protocol)
+    return (_new_frozen, (type(self)._trainwise_base,), *reduced[2:])
+
+
+def _frozen_class(base: type) -> type:
+    cls = _FROZEN_CLASSES.get(base)
+    if cls is None:
+        cls = type(
+            f"Frozen{base.__name__}",
+            (base,),
+            {
+                "train": _frozen_train,
+                "__reduce_ex__": _frozen_reduce_ex,
+                "_trainwise_base": base,
+                "__module__": base.__module__,
+                "__doc__": f"{base.__name__} kept in eval mode by trainwise.freeze (running statistics fixed).",
+            },
+        )
+        _FROZEN_CLASSES[base] = cls
+    return cls
+
+
+def has_running_stats(module: nn.Module) -> bool:
+    """BatchNorm of any dimension, SyncBatchNorm, or InstanceNorm with ``track_running_stats``."""
+    return isinstance(module, nn.modules.batchnorm._NormBase) and bool(module.track_running_stats)
+
+
+def is_pinned_eval(module: nn.Module) -> bool:
+    """True for a norm layer that :func:`freeze` keeps in eval mode."""
+    return type(module) in _FROZEN_CLASSES.values()
+
+
+def _pin(module: nn.Module) -> None:
+    if not is_pinned_eval(module):
+        module.__class__ = _frozen_class(type(module))
+    module.training = False
+
+
+def _unpin(module: nn.Module, training: bool) -> None:
+    if is_pinned_eval(module):
+        module.__class__ = type(module)._trainwise_base
+        module.training = training
+
+
+def _resolve(model: nn.Module, patterns: tuple[Pattern, ...], verb: str) -> tuple[set[str], set[str]]:
+    """Names of the modules matched (with their descendants) and of the parameters matched."""
+    modules = dict(model.named_modules())
+    params = dict(model.named_parameters())
+    module_ids = {id(m): n for n, m in modules.items()}
+    param_ids = {id(p): n for n, p in params.items()}
+    matched_modules: set[str] = set()
+    matched_params: set[str] = set()
+    for pattern in patterns:
+        found_modules: set[str] = set()
+        found_params: set[str] = set()
+        if isinstance(pattern, nn.Parameter):
+            if id(pattern) not in param_ids:
+                raise TrainwiseError(f"cannot {verb} a parameter that is not in this model; pass one of its own.")
+            found_params.add(param_ids[id(pattern)])
+        elif isinstance(pattern, nn.Module):
+            if id(pattern) not in module_ids:
+                raise TrainwiseError(f"cannot {verb} a module that is not part of this model; pass one of its own.")
+            found_modules.add(module_ids[id(pattern)])
+        elif isinstance(pattern, str):
+            found_modules = {n for n in modules if n and fnmatch.fnmatchcase(n, pattern)}
+            found_params = {n for n in params if fnmatch.fnmatchcase(n, pattern)}
+            if not found_modules and not found_params:
+                names = [n for n in modules if n] + list(params)
+                close = difflib.get_close_matches(pattern, names, n=3, cutoff=0.5)
+                hint = f"close matches: {', '.join(close)}" if close else f"top-level modules: {', '.join(_top(model))}"
+                raise TrainwiseError(f"pattern {pattern!r} matches no module or parameter name; {hint}.")
+        else:
+            raise TrainwiseError(
+                f"{verb} takes glob patterns of names, modules or parameters, got {type(pattern).__name__}."
+            )
+        for name in found_modules:  # a module brings its descendants and their parameters
+            prefix = f"{name}."
+            matched_modules.update(n for n in modules if n == name or n.startswith(prefix))
+            found_params.update(n for n in params if n.startswith(prefix))
+        matched_params.update(found_params)
+    return matched_modules, matched_params
+
+
+def _top(model: nn.Module) -> list[str]:
+    return [name for name, _ in model.named_children()] or ["(none)"]
+
+
+def _norm_layers_to_pin(model: nn.Module, module_names: set[str]) -> list[nn.Module]:
+    layers = []
+    for name, module in model.named_modules():
+        if not has_running_stats(module):
+            continue
+        own = list(module.parameters(recurse=False))
+        inside = name in module_names
+        all_frozen = bool(own) and not any(p.requires_grad for p in own)
+        if inside or all_frozen:
+            layers.append(module)
+    return layers
+
+
+def freeze(model: nn.Module, *patterns: Pattern, train_norm_stats: bool = False) -> list[str]:
+    """Freeze the parameters matched by ``patterns`` (glob on module or parameter names, or objects).
+
+    Without patterns, freezes the whole model. Norm layers with running statistics inside the frozen part
+    are kept in eval mode through any later ``model.train()`` unless ``train_norm_stats=True``.
+    Returns the names of the parameters frozen.
+    """
+    if not isinstance(model, nn.Module):
+        raise TrainwiseError(f"freeze takes a torch.nn.Module first, got {type(model).__name__}.")
+    if patterns:
+        module_names, param_names = _resolve(model, patterns, "freeze")
+    else:
+        module_names = {n for n, _ in model.named_modules()}
+        param_names = {n for n, _ in model.named_parameters()}
+    params = dict(model.named_parameters())
+    for name in param_names:
+        params[name].requires_grad_(False)
+        params[name].grad = None
+    if not train_norm_stats:
+        for layer in _norm_layers_to_pin(model, module_names):
+            _pin(layer)
+    return sorted(param_names)
+
+
+def unfreeze(model: nn.Module, *patterns: Pattern) -> list[str]:
+    """Make the matched parameters trainable again (all of them without patterns) and release norm layers.
+
+    Released norm layers take the model's current mode, so they follow the next ``model.train()``.
+    Returns the names of the parameters unfrozen.
+    """
+    if patterns:
+        module_names, param_names = _resolve(model, patterns, "unfreeze")
+    else:
+        module_names = {n for n, _ in model.named_modules()}
+        param_names = {n for n, _ in model.named_parameters()}
+    params = dict(model.named_parameters())
+    for name in param_names:
+        params[name].requires_grad_(True)
+    for name, module in model.named_modules():
+        if not is_pinned_eval(module):
+            continue
+        own = list(module.parameters(recurse=False))
+        if name in module_names or (own and all(p.requires_grad for p in own)):
+            _unpin(module, model.training)
+    return sorted(param_names)
+
+
+def frozen_norm_layers(model: nn.Module) -> list[str]:
+    """Names of the norm layers that :func:`freeze` keeps in eval mode."""
+    return [name for name, module in model.named_modules() if is_pinned_eval(module)]
+
+
+# -- optimizer parameter groups ---------------------------------------------------------------------------
+
+_NORM_TYPES: tuple[type, ...] = (
+    nn.modules.batchnorm._NormBase,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.LocalResponseNorm,
+    *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
+)
+
+
+def no_decay_names(model: nn.Module) -> set[str]:
+    """Biases and the parameters of normalisation layers: weight decay only shrinks them toward zero."""
+    names = set()
+    for module_name, module in model.named_modules():
+        is_norm = isinstance(module, _NORM_TYPES)
+        for param_name, _ in module.named_parameters(recurse=False):
+            full = f"{module_name}.{param_name}" if module_name else param_name
+            if is_norm or param_name == "bias" or param_name.endswith("_bias"):
+                names.add(full)
+    return names
+
+
+def param_groups(
+    model: nn.Module,
+    *,
+    weight_decay: float | None = None,
+    lr_by_pattern: dict[str, float] | None = None,
+    only: Iterable[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Optimizer groups over the trainable parameters: no weight decay on biases and norm weights.
+
+    ``lr_by_pattern`` maps glob patterns of parameter names to learning rates (first match wins), e.g.
+    ``{"backbone.*": 1e-4}``; other parameters use the optimizer's own ``lr``. Decaying groups carry
+    ``weight_decay`` only when it is given, so an optimizer factory's own value is kept otherwise.
+    ``only`` restricts the groups to these parameter names (used to extend an optimizer).
+    """
+    patterns = dict(lr_by_pattern or {})
+    names = set(only) if only is not None else None
+    skip_decay = no_decay_names(model)
+    used_patterns: set[str] = set()
+    groups: dict[tuple[str | None, bool], dict[str, Any]] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad or (names is not None and name not in names):
+            continue
+        pattern = next((p for p in patterns if fnmatch.fnmatchcase(name, p)), None)
+        if pattern is not None:
+            used_patterns.add(pattern)
+        decay = name not in skip_decay
+        key = (pattern, decay)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = {"params": [], "param_names": [], "group_name": _group_name(pattern, decay)}
+            if pattern is not None:
+                group["lr"] = patterns[pattern]
+            if not decay:
+                group["weight_decay"] = 0.0
+            elif weight_decay is not None:
+                group["weight_decay"] = weight_decay
+        group["params"].append(param)
+        group["param_names"].append(name)
+    if only is None:
+        unused = [p for p in patterns if p not in used_patterns]
+        if unused:
+            trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+            close = difflib.get_close_matches(unused[0], trainable, n=3, cutoff=0.5)
+            hint = f"; close matches: {', '.join(close)}" if close else ""
+            raise TrainwiseError(f"learning-rate pattern {unused[0]!r} matches no trainable parameter{hint}.")
+    return list(groups.values())
+
+
+def _group_name(pattern: str | None, decay: bool) -> str:
+    return f"{pattern or 'default'}{'' if decay else ' (no decay)'}"
+
+
+def extend_optimizer(
+    optimizer: torch.optim.Optimizer,
+    model: nn.Module,
+    *,
+    weight_decay: float | None = None,
+    lr_by_pattern: dict[str, float] | None = None,
+    scheduler: Any = None,
+) -> list[str]:
+    """Add the model's trainable parameters that the optimizer lacks (after :func:`unfreeze`) as new groups.
+
+    The state of the parameters already there (Adam moments, momentum) is untouched. A scheduler given
+    here learns the new groups' base learning rates. Returns the names added.
+    """
+    present = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in present]
+    if not missing:
+        return []
+    for group in param_groups(model, weight_decay=weight_decay, lr_by_pattern=lr_by_pattern, only=missing):
+        group.setdefault("lr", optimizer.defaults.get("lr", optimizer.param_groups[0]["lr"]))
+        group["initial_lr"] = group["lr"]
+        optimizer.add_param_group(group)
+        if scheduler is not None and hasattr(scheduler, "base_lrs"):
+            scheduler.base_lrs.append(group["lr"])
+    return missing
