@@ -27,3 +27,12 @@ def test_cli_user_error_has_no_traceback():
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "--workers must be 0 or more" in proc.stderr
+
+
+def test_demo_finetune_keeps_frozen_statistics(tmp_path, capsys):
+    assert main(["demo", "--finetune", "--epochs", "2", "--run-dir", str(tmp_path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["frozen_unchanged"] is True and summary["changed"] == []
+    assert summary["frozen_norm_layers"] == ["features.1", "features.4", "features.8"]
+    assert summary["pretrain_val_accuracy"] > 0.5 and summary["finetune_val_accuracy"] > 0.3
+    assert (tmp_path / "pretrain" / "metrics.jsonl").exists() and (tmp_path / "finetune" / "metrics.jsonl").exists()
