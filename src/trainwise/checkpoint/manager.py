@@ -1,0 +1,228 @@
+"""A run's checkpoints: atomic saves named by step, the last N and the best kept, the newest complete found.
+
+Files are ``<run_dir>/checkpoints/ckpt-step000000123.pt``. The folder listing is the source of truth: a
+file with that name exists only once it is complete (it is renamed into place after an fsync), temporary
+files are hidden (``.ckpt-...tmp-...``) and never considered, and ``manifest.json`` (written atomically)
+only remembers each checkpoint's monitored metric. Old checkpoints are deleted only after the new one is in
+place and reads back as complete, so the only good checkpoint is never deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import warnings
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+from typing import Any, Literal
+
+from trainwise.checkpoint.io import atomic_write_json, is_complete, is_temp_file
+from trainwise.checkpoint.state import read_checkpoint, restore_checkpoint, save_checkpoint
+from trainwise.errors import TrainwiseError
+
+CHECKPOINT_FOLDER = "checkpoints"
+MANIFEST = "manifest.json"
+_NAME = re.compile(r"^ckpt-step(\d+)\.pt$")
+_TEMP = re.compile(r"^\.ckpt-step\d+\.pt\.tmp-(\d+)-[0-9a-f]+$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"ckpt-step{step:09d}.pt"
+
+
+class CheckpointManager:
+    """Save, keep and find the checkpoints of one run.
+
+    >>> manager = CheckpointManager("runs/exp1", keep_last=3, monitor="val_loss", mode="min")
+    >>> manager.save(state, step=step, metric=val_loss, config=config)   # atomic; prunes old ones
+    >>> manager.latest()        # newest complete checkpoint, or None
+    >>> manager.load_latest(state)   # restores in place; falls back to an older one if the newest is unreadable
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        keep_last: int = 3,
+        monitor: str | None = None,
+        mode: Literal["min", "max"] = "min",
+    ) -> None:
+        if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
+            raise TrainwiseError(
+                f"keep_last must be a positive integer (at least the newest is kept), got {keep_last!r}."
+            )
+        if mode not in ("min", "max"):
+            raise TrainwiseError(f"mode must be 'min' or 'max', got {mode!r}.")
+        run_dir = Path(run_dir)
+        if run_dir.exists() and not run_dir.is_dir():
+            raise TrainwiseError(f"run folder {run_dir} is a file; pass a folder for the run's checkpoints.")
+        self.run_dir = run_dir
+        self.folder = run_dir / CHECKPOINT_FOLDER
+        self.keep_last = keep_last
+        self.monitor = monitor
+        self.mode = mode
+        self._remove_stale_temp_files()
+
+    # -- finding -------------------------------------------------------------------------------------
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoint files, oldest (lowest step) first; temporary and partial files never appear."""
+        if not self.folder.is_dir():
+            return []
+        found = []
+        for entry in self.folder.iterdir():
+            match = _NAME.match(entry.name)
+            if match and entry.is_file() and is_complete(entry):
+                found.append((int(match.group(1)), entry))
+        return [path for _, path in sorted(found)]
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint (highest step), or None."""
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    @property
+    def best(self) -> Path | None:
+        """The kept checkpoint with the best monitored metric (None without a metric)."""
+        return self._best_of(self.checkpoints(), self._metrics())
+
+    # -- saving --------------------------------------------------------------------------------------
+
+    def save(
+        self,
+        state: Mapping[str, Any],
+        *,
+        step: int,
+        metric: float | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> Path:
+        """Save ``state`` (see :func:`save_checkpoint`) as the checkpoint of optimizer step ``step``, then prune."""
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise TrainwiseError(f"step must be a non-negative integer, got {step!r}.")
+        if metric is not None:
+            metric = float(metric)
+            if math.isnan(metric):
+                metric = None  # a NaN is never the best
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / checkpoint_name(step)
+        save_checkpoint(path, state, config=config, meta={"step": step, "metric": metric, "monitor": self.monitor})
+        metrics = self._metrics({path.name: metric})
+        if is_complete(path):  # delete nothing unless the new checkpoint reads back
+            self._prune(metrics)
+        return path
+
+    def _prune(self, metrics: dict[str, float | None]) -> None:
+        found = self.checkpoints()
+        keep = set(found[-self.keep_last:])
+        best = self._best_of(found, metrics)
+        if best is not None:
+            keep.add(best)
+        for path in found:
+            if path not in keep:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        names = {path.name for path in found if path in keep}
+        self._write_manifest({name: metric for name, metric in metrics.items() if name in names})
+
+    def _best_of(self, paths: list[Path], metrics: Mapping[str, float | None]) -> Path | None:
+        scored = [(m, p) for p in paths if (m := metrics.get(p.name)) is not None]
+        if not scored:
+            return None
+        pick = min if self.mode == "min" else max
+        return pick(scored, key=lambda item: item[0])[1]  # ties: the earliest (paths are sorted by step)
+
+    # -- loading -------------------------------------------------------------------------------------
+
+    def load_latest(
+        self, state: MutableMapping[str, Any], *, strict: bool = True, rng: bool = True
+    ) -> tuple[Path, dict[str, Any]] | None:
+        """Restore ``state`` from the newest checkpoint that reads back; None if there is none.
+
+        An unreadable newest file (it cannot be, unless the disk or a copy damaged it) is skipped with a
+        warning and the next older one is used. Errors restoring into ``state`` (a different model) raise.
+        """
+        for path in reversed(self.checkpoints()):
+            try:
+                checkpoint = read_checkpoint(path)
+            except TrainwiseError as exc:
+                warnings.warn(f"skipping unreadable checkpoint: {exc}", UserWarning, stacklevel=2)
+                continue
+            return path, restore_checkpoint(checkpoint, state, strict=strict, rng=rng)
+        return None
+
+    # -- bookkeeping ---------------------------------------------------------------------------------
+
+    def _metrics(self, known_now: Mapping[str, float | None] | None = None) -> dict[str, float | None]:
+        manifest = self.folder / MANIFEST
+        try:
+            data = json.loads(manifest.read_text())
+            metrics = data["metrics"]
+            if not isinstance(metrics, dict):
+                raise TypeError
+        except (OSError, ValueError, KeyError, TypeError):
+            metrics = {}
+        known = {name: (float(v) if isinstance(v, (int, float)) else None) for name, v in metrics.items()}
+        known.update(known_now or {})
+        for path in self.checkpoints():  # a lost or stale manifest: read the metric from the file itself
+            if path.name not in known:
+                try:
+                    known[path.name] = read_checkpoint(path)["meta"].get("metric")
+                except (TrainwiseError, KeyError, AttributeError):
+                    known[path.name] = None
+        return known
+
+    def _write_manifest(self, metrics: Mapping[str, float | None]) -> None:
+        atomic_write_json(
+            self.folder / MANIFEST,
+            {"monitor": self.monitor, "mode": self.mode, "keep_last": self.keep_last, "metrics": dict(metrics)},
+        )
+
+    def _remove_stale_temp_files(self) -> None:
+        if not self.folder.is_dir():
+            return
+        for entry in self.folder.iterdir():
+            match = _TEMP.match(entry.name)
+            if match and is_temp_file(entry) and not _alive(int(match.group(1))):
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def find_resume_checkpoint(resume: Any, run_dir: str | os.PathLike[str] | None) -> Path | None:
+    """The checkpoint ``resume`` points at: ``"auto"`` (the newest complete one in ``run_dir``, or None to
+    start fresh), an explicit file, or a run/checkpoint folder (its newest); ``None``/``False``: None."""
+    if resume is None or resume is False:
+        return None
+    if resume == "auto":
+        if run_dir is None:
+            return None
+        return CheckpointManager(run_dir).latest()
+    if not isinstance(resume, (str, os.PathLike)):
+        raise TrainwiseError(f"resume must be 'auto', a checkpoint path or None, got {type(resume).__name__}.")
+    path = Path(resume)
+    if path.is_dir():
+        folder = path.parent if path.name == CHECKPOINT_FOLDER else path
+        latest = CheckpointManager(folder).latest()
+        if latest is None:
+            raise TrainwiseError(f"no complete checkpoint in {path}; pass a checkpoint file or resume='auto'.")
+        return latest
+    if not path.exists():
+        raise TrainwiseError(f"resume checkpoint {path} does not exist; check the path or use resume='auto'.")
+    return path
+
+
+__all__ = ["CHECKPOINT_FOLDER", "CheckpointManager", "checkpoint_name", "find_resume_checkpoint"]

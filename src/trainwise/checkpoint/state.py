@@ -1,0 +1,253 @@
+"""The full training state: captured from live objects, saved atomically, restored in place.
+
+As Lightning Fabric does, a checkpoint is described by a dict of the live objects::
+
+    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader, "epoch": 3}
+    save_checkpoint("ckpt.pt", state, config=config)          # at an optimizer-step boundary
+    extra = load_checkpoint("ckpt.pt", state)                 # restores every object in place
+
+Anything with ``state_dict()``/``load_state_dict()`` (optimizers, schedulers, ``GradScaler``, the
+``GradientAccumulator``, a :class:`~trainwise.checkpoint.loader.ResumableLoader`, early stopping, metrics)
+is saved through those methods; a model is always saved from the unwrapped module (no ``module.`` or
+``_orig_mod.`` prefix); plain values (epoch, step) are saved as they are and written back into the dict.
+Every global RNG (Python, NumPy, torch CPU and CUDA) is saved with the state and restored by default, so
+dropout and augmentations continue exactly when the checkpoint was taken at a step boundary.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainwise import __version__
+from trainwise.checkpoint.io import atomic_write, safe_load
+from trainwise.errors import TrainwiseError
+from trainwise.seeding import get_rng_state, set_rng_state
+from trainwise.wrappers import unwrap_model
+
+FORMAT_KEY = "trainwise_checkpoint"
+FORMAT_VERSION = 1
+
+
+def capture_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Plain, ``weights_only``-loadable values for every entry of ``state`` (objects through ``state_dict()``)."""
+    if not isinstance(state, Mapping):
+        raise TrainwiseError(f"the checkpoint state must be a dict of name -> object, got {type(state).__name__}.")
+    captured: dict[str, Any] = {}
+    for name, value in state.items():
+        if not isinstance(name, str):
+            raise TrainwiseError(f"checkpoint state keys must be strings, got {name!r}.")
+        if isinstance(value, torch.nn.Module):
+            captured[name] = unwrap_model(value).state_dict()
+        elif _is_stateful(value):
+            if not callable(getattr(value, "load_state_dict", None)):
+                raise TrainwiseError(
+                    f"state[{name!r}] ({type(value).__name__}) has state_dict() but no load_state_dict(), so it "
+                    "could not be resumed; add load_state_dict or save its values instead."
+                )
+            captured[name] = value.state_dict()
+        else:
+            captured[name] = value
+    return captured
+
+
+def restore_state(
+    state: MutableMapping[str, Any], saved: Mapping[str, Any], *, strict: bool = True
+) -> dict[str, Any]:
+    """Load ``saved`` (what :func:`capture_state` returned) into the live objects of ``state``, in place.
+
+    Modules load strictly through :func:`~trainwise.checkpoint.weights.load_weights` (a mismatch raises its
+    table); stateful objects through ``load_state_dict``; plain values replace the entries of ``state``.
+    Returns the saved entries that ``state`` has no key for. With ``strict=True`` a key of ``state`` that the
+    checkpoint lacks is an error.
+    """
+    from trainwise.checkpoint.weights import load_weights
+
+    missing = [name for name in state if name not in saved]
+    if missing and strict:
+        raise TrainwiseError(
+            f"the checkpoint has no {', '.join(map(repr, missing))} (it has {', '.join(map(repr, saved))}); "
+            "remove those entries from the state or pass strict=False."
+        )
+    for name, target in list(state.items()):
+        if name not in saved:
+            continue
+        value = saved[name]
+        if isinstance(target, torch.nn.Module):
+            load_weights(unwrap_model(target), value, strict=True)
+        elif _is_stateful(target):
+            target.load_state_dict(value)
+        else:
+            state[name] = value
+    return {name: value for name, value in saved.items() if name not in state}
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    state: Mapping[str, Any],
+    *,
+    config: Mapping[str, Any] | None = None,
+    rng: bool = True,
+    meta: Mapping[str, Any] | None = None,
+) -> Path:
+    """Save the full training state to ``path`` atomically; it loads back with ``weights_only=True``.
+
+    ``config`` (plain values) and the trainwise, torch and Python versions are stored beside the state;
+    ``rng=True`` stores every global RNG state. Call it at an optimizer-step boundary. An entry that
+    ``weights_only`` loading would refuse (a NumPy array, a custom object) is refused here, at save time.
+    """
+    import torch
+
+    checkpoint = {
+        FORMAT_KEY: FORMAT_VERSION,
+        "meta": {
+            "trainwise": __version__,
+            "torch": str(torch.__version__),
+            "python": platform.python_version(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "config": dict(config) if config is not None else None,
+            **(dict(meta) if meta else {}),
+        },
+        "state": capture_state(state),
+        "rng": encode_rng_state(get_rng_state()) if rng else None,
+    }
+
+    def write(file: Any) -> None:
+        try:
+            torch.save(checkpoint, file)
+        except OSError:  # a full disk, a lost mount: not the state's fault
+            raise
+        except Exception as exc:  # pickling a lambda, a lock, an open file...
+            raise TrainwiseError(
+                f"the checkpoint state could not be serialised ({exc}); keep only tensors, numbers, strings, "
+                "lists and dicts in it."
+            ) from None
+        file.flush()
+        bad = _unsafe_globals_in(file.name)
+        if bad:
+            raise TrainwiseError(
+                f"the checkpoint state holds {', '.join(bad[:3])}, which weights_only loading refuses; convert "
+                "it to tensors or plain Python values before saving."
+            )
+
+    return atomic_write(path, write)
+
+
+def _unsafe_globals_in(path: str) -> list[str]:
+    return list(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    state: MutableMapping[str, Any] | None = None,
+    *,
+    strict: bool = True,
+    rng: bool = True,
+    map_location: Any = "cpu",
+) -> dict[str, Any]:
+    """Read a checkpoint safely and restore it into ``state`` in place (see :func:`restore_state`).
+
+    Restores the global RNG states too when ``rng=True`` (do it last, right before training continues).
+    Returns what was not restored into ``state``: the unclaimed entries plus ``"meta"`` (versions, config).
+    With ``state=None`` it only reads: the whole saved state comes back, nothing is restored.
+    """
+    checkpoint = read_checkpoint(path, map_location=map_location)
+    return restore_checkpoint(checkpoint, state, strict=strict, rng=rng)
+
+
+def restore_checkpoint(
+    checkpoint: Mapping[str, Any],
+    state: MutableMapping[str, Any] | None = None,
+    *,
+    strict: bool = True,
+    rng: bool = True,
+) -> dict[str, Any]:
+    """:func:`load_checkpoint` for a checkpoint already read with :func:`read_checkpoint`."""
+    saved = checkpoint["state"]
+    if state is None:
+        return {**saved, "meta": checkpoint.get("meta", {}), "rng": checkpoint.get("rng")}
+    rest = restore_state(state, saved, strict=strict)
+    if rng and checkpoint.get("rng") is not None:
+        set_rng_state(decode_rng_state(checkpoint["rng"]))
+    rest["meta"] = checkpoint.get("meta", {})
+    return rest
+
+
+def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> dict[str, Any]:
+    """The raw content of a trainwise checkpoint file; any other file is a one-sentence error."""
+    checkpoint = safe_load(path, map_location=map_location)
+    if not is_trainwise_checkpoint(checkpoint):
+        raise TrainwiseError(
+            f"{path} is not a trainwise training checkpoint; load model weights from it with "
+            "trainwise.load_weights(model, path) instead."
+        )
+    version = checkpoint[FORMAT_KEY]
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise TrainwiseError(
+            f"{path} was written by a newer trainwise (checkpoint format {version!r}, this one reads up to "
+            f"{FORMAT_VERSION}); upgrade trainwise to resume from it."
+        )
+    return checkpoint
+
+
+def is_trainwise_checkpoint(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and FORMAT_KEY in obj and isinstance(obj.get("state"), Mapping)
+
+
+# -- RNG states that load with weights_only=True -------------------------------------------------------------
+
+
+def encode_rng_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`trainwise.get_rng_state` output with NumPy's state as tensors (``weights_only`` refuses arrays)."""
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    encoded = dict(state)
+    encoded["numpy"] = {
+        "kind": str(kind),
+        "keys": torch.from_numpy(np.asarray(keys, dtype=np.uint32).astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
+    return encoded
+
+
+def decode_rng_state(encoded: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`encode_rng_state`, ready for :func:`trainwise.set_rng_state`."""
+    state = dict(encoded)
+    numpy_state = encoded["numpy"]
+    if isinstance(numpy_state, Mapping):
+        state["numpy"] = (
+            numpy_state["kind"],
+            numpy_state["keys"].numpy().astype(np.uint32),
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    python_state = encoded["python"]
+    if isinstance(python_state, list):  # tuples may come back as lists from other writers
+        state["python"] = (python_state[0], tuple(python_state[1]), python_state[2])
+    return state
+
+
+def _is_stateful(value: Any) -> bool:
+    return callable(getattr(value, "state_dict", None)) and not isinstance(value, type)
+
+
+__all__ = [
+    "capture_state",
+    "decode_rng_state",
+    "encode_rng_state",
+    "is_trainwise_checkpoint",
+    "load_checkpoint",
+    "read_checkpoint",
+    "restore_checkpoint",
+    "restore_state",
+    "save_checkpoint",
+]

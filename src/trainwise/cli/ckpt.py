@@ -1,0 +1,249 @@
+"""``trainwise ckpt inspect FILE`` and ``trainwise ckpt convert IN OUT``: look into and clean up checkpoints.
+
+Files are read with ``weights_only=True`` (nothing in them runs); a bad file is one sentence and exit code 2;
+``convert`` writes OUT atomically, so OUT is either untouched or complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "ckpt",
+        help="inspect or convert a checkpoint file",
+        description="Inspect or convert checkpoint files safely (weights_only loading; nothing in the file runs).",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    inspect = actions.add_parser(
+        "inspect",
+        help="what a checkpoint holds: format, contents, wrapper prefixes, tensors",
+        description="Show a checkpoint's format, what it holds (weights, optimizer, RNG, step...), wrapper "
+        "prefixes, parameter count, dtypes and a table of tensors.",
+    )
+    inspect.add_argument("file", help="a .pt/.pth/.bin/.ckpt (torch) or .safetensors file")
+    inspect.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
+    inspect.set_defaults(run=run)
+    convert = actions.add_parser(
+        "convert",
+        help="write a checkpoint's weights as .safetensors or as a clean state dict",
+        description="Write the weights found in IN to OUT, without wrapper prefixes (module., _orig_mod., and a "
+        "Lightning module's model.): OUT ending in .safetensors is written as safetensors, OUT ending in "
+        ".pt/.pth/.bin as a plain torch state dict.",
+    )
+    convert.add_argument("input", metavar="IN", help="the checkpoint to read")
+    convert.add_argument("output", metavar="OUT", help="the file to write (.safetensors, .pt, .pth or .bin)")
+    convert.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    convert.add_argument("--keep-prefixes", action="store_true", help="keep wrapper prefixes as they are")
+    convert.set_defaults(run=run)
+    parser.set_defaults(run=_usage(parser))
+
+
+def _usage(parser: argparse.ArgumentParser) -> Any:
+    def run_without_action(args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    return run_without_action
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "inspect":
+        return _inspect(args)
+    return _convert(args)
+
+
+# -- inspect -------------------------------------------------------------------------------------------------
+
+
+def describe(path: str | Path) -> dict[str, Any]:
+    """Everything ``ckpt inspect`` shows, as plain JSON-ready values."""
+    import torch
+
+    from trainwise.checkpoint.io import detect_format, safe_load
+    from trainwise.checkpoint.weights import find_weights, wrapper_prefixes
+
+    path = Path(path)
+    fmt = detect_format(path)
+    content = safe_load(path)
+    found = find_weights(content)
+    weights: Mapping[str, Any] = found[1] if found else {}
+    tensors = {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}
+    info: dict[str, Any] = {
+        "file": str(path),
+        "format": fmt,
+        "bytes": path.stat().st_size,
+        "kind": _kind(content, found is not None),
+        "holds": _holds(content, found is not None),
+        "weights_at": found[0] if found else None,
+        "prefixes": wrapper_prefixes(list(tensors)),
+        "parameters": sum(t.numel() for t in tensors.values()),
+        "tensor_count": len(tensors),
+        "dtypes": dict(Counter(str(t.dtype).removeprefix("torch.") for t in tensors.values())),
+        "tensors": [
+            {"name": k, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+            for k, t in tensors.items()
+        ],
+    }
+    if isinstance(content, Mapping) and isinstance(content.get("meta"), Mapping):
+        meta = content["meta"]
+        info["versions"] = {k: meta[k] for k in ("trainwise", "torch", "python") if isinstance(meta.get(k), str)}
+    return info
+
+
+def _kind(content: Any, has_weights: bool) -> str:
+    from trainwise.checkpoint.state import is_trainwise_checkpoint
+    from trainwise.checkpoint.weights import is_state_dict
+
+    if is_trainwise_checkpoint(content):
+        return "trainwise training checkpoint"
+    if isinstance(content, Mapping) and "pytorch-lightning_version" in content:
+        return "Lightning checkpoint"
+    if is_state_dict(content):
+        return "state dict"
+    if isinstance(content, Mapping):
+        return "checkpoint dict" if has_weights else "dict without model weights"
+    return type(content).__name__
+
+
+def _holds(content: Any, has_weights: bool) -> list[str]:
+    from trainwise.checkpoint.state import is_trainwise_checkpoint
+    from trainwise.checkpoint.weights import is_state_dict
+
+    holds = ["weights"] if has_weights else []
+    if not isinstance(content, Mapping) or is_state_dict(content):
+        return holds
+    entries: Mapping[str, Any] = content
+    if is_trainwise_checkpoint(content):
+        entries = content["state"]
+        if content.get("rng") is not None:
+            holds.append("RNG states")
+        meta = content.get("meta") or {}
+        if meta.get("config"):
+            holds.append("config")
+    for key, value in entries.items():
+        label = _label(str(key), value)
+        if label and label not in holds:
+            holds.append(label)
+    return holds
+
+
+def _label(key: str, value: Any) -> str | None:
+    from trainwise.checkpoint.weights import is_state_dict
+
+    lowered = key.lower()
+    if is_state_dict(value):
+        return None  # the weights, already listed
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{key}={value}"
+    if isinstance(value, Mapping):
+        if "param_groups" in value:
+            return "optimizer"
+        if "epoch_start" in value and "batches_done" in value:
+            return f"data position (batch {value['batches_done']} of the epoch)"
+        if "base_lrs" in value or "last_epoch" in value:
+            return "scheduler"
+        if "scale" in value and "growth_factor" in value:
+            return "gradient scaler"
+        if value and all(isinstance(k, str) for k in value) and not any(w in lowered for w in ("optim", "sched")):
+            return f"{key} state"
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], Mapping) and "param_groups" in value[0]:
+        return "optimizer"
+    for word, label in (("optim", "optimizer"), ("sched", "scheduler"), ("scaler", "gradient scaler"),
+                        ("rng", "RNG states"), ("hyper", "hyperparameters"), ("config", "config"),
+                        ("callback", "callbacks")):
+        if word in lowered:
+            return label
+    return None
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    info = describe(args.file)
+    if args.format == "json":
+        print(json.dumps(info))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    summary = Table(show_header=False, box=None, pad_edge=False)
+    summary.add_column(style="bold")
+    summary.add_column()
+    summary.add_row("file", info["file"])
+    summary.add_row("format", f"{info['format']} ({info['bytes']:,} bytes)")
+    summary.add_row("kind", info["kind"])
+    summary.add_row("holds", ", ".join(info["holds"]) or "nothing trainwise recognises")
+    summary.add_row("weights at", info["weights_at"] or "-")
+    summary.add_row("wrapper prefixes", ", ".join(repr(p) for p in info["prefixes"]) or "none")
+    summary.add_row("parameters", f"{info['parameters']:,} in {info['tensor_count']} tensors (buffers included)")
+    summary.add_row("dtypes", ", ".join(f"{d} x{n}" for d, n in info["dtypes"].items()) or "-")
+    for name, version in info.get("versions", {}).items():
+        summary.add_row(f"{name} version", version)
+    console.print(summary)
+    if info["tensors"]:
+        table = Table(title="tensors", title_justify="left")
+        table.add_column("name")
+        table.add_column("shape", justify="right")
+        table.add_column("dtype")
+        for row in info["tensors"]:
+            table.add_row(row["name"], "(" + ", ".join(map(str, row["shape"])) + ")", row["dtype"])
+        console.print(table)
+    return 0
+
+
+# -- convert -------------------------------------------------------------------------------------------------
+
+
+def _convert(args: argparse.Namespace) -> int:
+    import torch
+
+    from trainwise.checkpoint.io import atomic_torch_save, atomic_write_bytes, check_file, safe_load
+    from trainwise.checkpoint.weights import find_weights, safetensors_bytes, strip_wrapper_prefixes
+    from trainwise.errors import TrainwiseError
+
+    source, target = Path(args.input), Path(args.output)
+    check_file(source)
+    suffix = target.suffix.lower()
+    if suffix != ".safetensors" and suffix not in WEIGHT_SUFFIXES:
+        raise TrainwiseError(
+            f"OUT must end in .safetensors or {', '.join(WEIGHT_SUFFIXES)} to choose the format, got {target.name!r}."
+        )
+    if target.is_dir():
+        raise TrainwiseError(f"OUT {target} is a directory; give a file name inside it.")
+    if target.exists() and not args.force:
+        raise TrainwiseError(f"OUT {target} already exists; pass --force to replace it, or choose another name.")
+    if not target.parent.is_dir():
+        raise TrainwiseError(f"folder {target.parent} does not exist; create it first.")
+    content = safe_load(source)
+    found = find_weights(content)
+    if found is None:
+        raise TrainwiseError(f"{source} holds no model weights to convert (no state dict of tensors found in it).")
+    where, weights = found
+    tensors = {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}
+    lightning = isinstance(content, Mapping) and "pytorch-lightning_version" in content
+    stripped: list[str] = []
+    if not args.keep_prefixes:
+        tensors, stripped = strip_wrapper_prefixes(tensors, lightning=lightning)
+    try:
+        if suffix == ".safetensors":
+            atomic_write_bytes(target, safetensors_bytes(tensors))
+        else:
+            atomic_torch_save({k: v.detach().cpu() for k, v in tensors.items()}, target)
+    except OSError as exc:
+        raise TrainwiseError(
+            f"could not write {target} ({exc.strerror or exc}); check the folder's permissions."
+        ) from None
+    dropped = len(weights) - len(tensors)
+    note = f"removed prefix {' '.join(repr(p) for p in stripped)}" if stripped else "no wrapper prefix"
+    extra = f"; dropped {dropped} non-tensor entries" if dropped else ""
+    origin = f"{source}{where}" if where != "the top level" else str(source)
+    print(f"wrote {target}: {len(tensors)} tensors from {origin}, {note}{extra}")
+    return 0

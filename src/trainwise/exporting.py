@@ -1,0 +1,823 @@
+"""Export for deployment: artifacts that run without the model's source, verified against the eager model.
+
+    report = trainwise.export(model, torch.randn(1, 1, 8, 8), "digits.pt2")   # torch.export, dynamic batch
+    report = trainwise.export(model, example, "digits.torchscript", format="torchscript")
+    report = trainwise.export(model, example, "digits.onnx", format="onnx")      # pip install trainwise[onnx]
+    run = trainwise.load_exported("digits.pt2")                                  # no model class needed
+    logits = run(torch.randn(5, 1, 8, 8))
+
+Every export is made with the model in eval mode (each submodule's own mode is restored afterwards), written to a
+staging folder, loaded back from disk and compared with the eager model at the example batch size and at two
+others. Only an artifact within tolerance replaces the file at ``path``; a JSON sidecar ``<artifact>.json``
+records the format, the inputs and outputs (``"batch"`` marks the dynamic dimension), versions and the parity
+figures. Fundamental 11: a ``state_dict`` needs the training code, these artifacts do not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import inspect
+import json
+import linecache
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+import types
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainwise import __version__
+from trainwise.errors import TrainwiseError
+from trainwise.evaluation import restore_training_modes, training_modes
+
+Format = Literal["torch.export", "torchscript", "onnx"]
+FORMATS: tuple[str, ...] = ("torch.export", "torchscript", "onnx")
+SUFFIXES = {"torch.export": ".pt2", "torchscript": ".torchscript", "onnx": ".onnx"}  # what the CLI writes
+_SUFFIX_FORMATS = {".pt2": "torch.export", ".torchscript": "torchscript", ".ts": "torchscript", ".onnx": "onnx"}
+ONNX_INSTALL = "pip install trainwise[onnx]"
+SIDECAR_VERSION = 1
+# (atol, rtol) by output dtype; a difference passes where |actual - expected| <= atol + rtol * |expected|.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1e-2, 1.6e-2),
+}
+_ONNX_WEIGHTS_INLINE_LIMIT = 1 << 30  # bytes of weights kept inside the .onnx file (protobuf caps files at 2 GiB)
+_FIRST_CAUSES = 8  # how deep to look into an exception's __cause__ chain
+
+
+class ExportWarning(UserWarning):
+    """An export that works but may not mean what the user expects (TorchScript fell back to tracing)."""
+
+
+class ExportParityError(TrainwiseError):
+    """The exported artifact's outputs differ from the eager model's; nothing was written at the target path."""
+
+    def __init__(self, message: str, *, report: ExportReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclasses.dataclass
+class ExportReport:
+    """What :func:`export` wrote and how closely the artifact reproduces the eager model.
+
+    ``max_abs_diff`` and ``max_rel_diff`` are the largest differences over every output and every batch size in
+    ``batch_sizes`` (relative: ``|actual - expected| / |expected|``, the denominator clamped at the dtype's eps).
+    ``verified`` is False only for ONNX without onnxruntime installed: then nothing was run and the figures are
+    ``None``.
+    """
+
+    path: Path
+    sidecar: Path
+    format: str
+    method: str  # export (torch.export), script or trace (TorchScript), dynamo (torch.onnx.export(dynamo=True))
+    dynamic_batch: bool
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    batch_sizes: tuple[int, ...]
+    atol: float
+    rtol: float
+    max_abs_diff: float | None
+    max_rel_diff: float | None
+    verified: bool
+    runtime: str  # what ran the artifact for the parity check
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["path"], data["sidecar"] = str(self.path), str(self.sidecar)
+        data["batch_sizes"] = list(self.batch_sizes)
+        return data
+
+    def __str__(self) -> str:
+        if not self.verified:
+            parity = "parity NOT verified (onnxruntime is not installed)"
+        else:
+            parity = (
+                f"parity at batch sizes {', '.join(map(str, self.batch_sizes))}: max abs diff "
+                f"{self.max_abs_diff:.3g}, max rel diff {self.max_rel_diff:.3g} "
+                f"(atol {self.atol:g}, rtol {self.rtol:g})"
+            )
+        shapes = ", ".join(f"{spec['name']} {_shape_text(spec['shape'])} {spec['dtype']}" for spec in self.inputs)
+        label = {"script": "torchscript, scripted", "trace": "torchscript, TRACED"}.get(self.method, self.format)
+        return f"wrote {self.path} ({label}; inputs {shapes}); {parity}"
+
+
+# -- export ----------------------------------------------------------------------------------------------
+
+
+def export(
+    model: nn.Module,
+    example_inputs: torch.Tensor | Sequence[torch.Tensor],
+    path: str | os.PathLike[str],
+    format: Format = "torch.export",
+    *,
+    dynamic_batch: bool = True,
+    atol: float | None = None,
+    rtol: float | None = None,
+    check_batch_sizes: Sequence[int] | None = None,
+) -> ExportReport:
+    """Export ``model`` in eval mode to ``path``, check the artifact against the eager model, write ``path.json``.
+
+    ``example_inputs`` is a tensor or a tuple of tensors passed positionally to ``forward``; with
+    ``dynamic_batch`` (the default) the first dimension of every input is the batch and may differ at run time.
+    Parity is checked at the example batch size and at ``check_batch_sizes`` (default: two others); ``atol`` and
+    ``rtol`` default to :data:`TOLERANCES` for each output's dtype. Raises :class:`ExportParityError` (and leaves
+    any existing file at ``path`` untouched) when the artifact differs by more than that.
+    """
+    started = time.perf_counter()
+    if format not in FORMATS:
+        raise TrainwiseError(f"unknown export format {format!r}; use one of {', '.join(FORMATS)}.")
+    if not isinstance(model, nn.Module):
+        raise TrainwiseError(f"export() needs a torch.nn.Module, got {type(model).__name__}; pass the model itself.")
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise TrainwiseError(f"{name} must be a finite number of 0 or more, got {value!r}.")
+    inputs = _input_tuple(example_inputs)
+    target = Path(path)
+    if target.is_dir():
+        raise TrainwiseError(f"{target} is a folder; pass the artifact's file name, e.g. {target / 'model'}.pt2.")
+    if not target.parent.is_dir():
+        raise TrainwiseError(f"folder {target.parent} does not exist; create it first or choose another path.")
+    if format == "onnx":
+        _require("onnx", "ONNX export")
+        _require("onnxscript", "ONNX export")
+    names = _input_names(model, len(inputs))
+    if dynamic_batch:
+        batch: int | None = _example_batch(inputs, names)
+        sizes = _batch_sizes(batch, check_batch_sizes)
+    else:
+        batch = inputs[0].shape[0] if inputs[0].dim() else None  # reported only; every shape is fixed
+        sizes = _batch_sizes(None, check_batch_sizes)
+
+    modes = training_modes(model)
+    try:
+        model.eval()  # dropout off, BatchNorm on its running statistics; restored in finally
+        expected, single = _eager(model, inputs, names)
+        checks: list[tuple[int | None, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = [
+            (batch, inputs, expected)
+        ]
+        for size in sizes:
+            resized = _resize_batch(inputs, size)
+            checks.append((size, resized, _eager(model, resized, names)[0]))
+        # A batch of 1 makes torch.export specialise the dimension to the constant 1 (its "0/1 specialisation"),
+        # so the graph is captured from a batch of 2 built from the example instead.
+        capture = _resize_batch(inputs, 2) if dynamic_batch and batch == 1 else inputs
+        input_specs = _specs(names, inputs, dynamic_batch)
+        output_specs = _output_specs(checks, dynamic_batch)
+        output_specs = [{"name": n, **s} for n, s in zip(_output_names(len(expected)), output_specs)]
+        with tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as staging:
+            staged = Path(staging) / target.name
+            writer = {"torch.export": _write_torch_export, "torchscript": _write_torchscript, "onnx": _write_onnx}
+            method = writer[format](model, capture, staged, dynamic_batch, names, len(expected))
+            restore_training_modes(model, modes)  # the artifact is written; the model is no longer needed
+            metadata = {
+                "trainwise_export": SIDECAR_VERSION,
+                "format": format,
+                "artifact": target.name,
+                "method": method,
+                "dynamic_batch": dynamic_batch,
+                "single_output": single,
+                "inputs": input_specs,
+                "outputs": output_specs,
+                "device": str(_model_device(model) or torch.device("cpu")),
+                "versions": _versions(format),
+            }
+            report = _verify(staged, metadata, checks, atol=atol, rtol=rtol)
+            report.path, report.sidecar = target, _sidecar_path(target)
+            metadata["parity"] = {
+                key: getattr(report, key)
+                for key in ("verified", "runtime", "atol", "rtol", "max_abs_diff", "max_rel_diff")
+            }
+            metadata["parity"]["batch_sizes"] = list(report.batch_sizes)
+            for produced in sorted(Path(staging).iterdir()):  # the artifact (and ONNX external data, if any)
+                os.replace(produced, target.parent / produced.name)
+    finally:
+        restore_training_modes(model, modes)
+    _write_json_atomic(report.sidecar, metadata)
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report
+
+
+def _input_tuple(example_inputs: Any) -> tuple[torch.Tensor, ...]:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, dict):
+        raise TrainwiseError(
+            "example_inputs is a dict; pass the forward() arguments positionally as a tuple of tensors."
+        )
+    if isinstance(example_inputs, (tuple, list)) and example_inputs:
+        for position, item in enumerate(example_inputs):
+            if not isinstance(item, torch.Tensor):
+                raise TrainwiseError(
+                    f"example input {position} is of type {type(item).__name__}; pass a tensor or a tuple of tensors "
+                    "(convert arrays with torch.as_tensor)."
+                )
+        return tuple(example_inputs)
+    raise TrainwiseError(
+        f"example_inputs must be a tensor or a non-empty tuple of tensors, got {type(example_inputs).__name__}; "
+        "pass e.g. torch.randn(1, 3, 32, 32)."
+    )
+
+
+def _input_names(model: nn.Module, count: int) -> list[str]:
+    """forward()'s positional parameter names (``x``, ``src``, ``input``), else ``input_0``, ``input_1``..."""
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= count:
+        return positional[:count]
+    return ["input" if count == 1 else f"input_{i}" for i in range(count)]
+
+
+def _output_names(count: int) -> list[str]:
+    return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+
+
+def _example_batch(inputs: tuple[torch.Tensor, ...], names: list[str]) -> int:
+    sizes = set()
+    for name, tensor in zip(names, inputs):
+        if tensor.dim() == 0:
+            raise TrainwiseError(
+                f"example input {name!r} is a scalar, so it has no batch dimension; give it one or pass "
+                "dynamic_batch=False."
+            )
+        sizes.add(tensor.shape[0])
+    if len(sizes) > 1:
+        shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(names, inputs))
+        raise TrainwiseError(
+            f"with dynamic_batch=True every input's first dimension is the batch, but they differ ({shapes}); "
+            "make them agree or pass dynamic_batch=False."
+        )
+    (size,) = sizes
+    if size == 0:
+        raise TrainwiseError("the example inputs have a batch of 0; pass at least one sample.")
+    return size
+
+
+def _batch_sizes(batch: int | None, requested: Sequence[int] | None) -> list[int]:
+    """The batch sizes checked besides the example's: two others by default (1 among them when possible)."""
+    if batch is None:
+        if requested:
+            raise TrainwiseError("check_batch_sizes needs dynamic_batch=True; drop it or make the batch dynamic.")
+        return []
+    if requested is not None:
+        sizes = [int(size) for size in requested]
+        if any(size < 1 for size in sizes):
+            raise TrainwiseError(f"check_batch_sizes must be 1 or more, got {sizes}.")
+        return [size for size in dict.fromkeys(sizes) if size != batch]
+    candidates = [1, batch + 1, 2 * batch + 1]
+    return [size for size in dict.fromkeys(candidates) if size != batch][:2]
+
+
+def _resize_batch(inputs: tuple[torch.Tensor, ...], size: int) -> tuple[torch.Tensor, ...]:
+    """Inputs with ``size`` rows: the example's rows repeated, floats perturbed so that rows are not all equal.
+
+    Repeating keeps integer inputs valid (token ids stay in the vocabulary); the perturbation is seeded, so the
+    global RNG is untouched and the check repeats exactly.
+    """
+    generator = torch.Generator().manual_seed(size)
+    resized = []
+    with torch.no_grad():
+        for tensor in inputs:
+            index = torch.arange(size, device=tensor.device) % tensor.shape[0]
+            rows = tensor.detach().index_select(0, index).clone()
+            if rows.is_floating_point() and size > tensor.shape[0]:
+                scale = rows.float().std().nan_to_num(0.0).clamp(min=1e-3).item() * 0.1
+                noise = torch.randn(rows.shape, generator=generator, dtype=torch.float32) * scale
+                extra = slice(tensor.shape[0], None)  # the example's own rows stay exactly as given
+                rows[extra] += noise[extra].to(device=rows.device, dtype=rows.dtype)
+            resized.append(rows)
+    return tuple(resized)
+
+
+def _model_device(model: nn.Module) -> torch.device | None:
+    for tensor in [*model.parameters(), *model.buffers()]:
+        return tensor.device
+    return None
+
+
+def _model_dtype(model: nn.Module) -> torch.dtype | None:
+    for tensor in model.parameters():
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return None
+
+
+def _eager(
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], names: list[str]
+) -> tuple[tuple[torch.Tensor, ...], bool]:
+    """The eager outputs (detached, as a tuple) and whether forward() returned a single tensor."""
+    try:
+        with torch.no_grad():
+            output = model(*inputs)
+    except Exception as exc:
+        described = ", ".join(f"{n}: {_tensor_text(t)}" for n, t in zip(names, inputs))
+        dtype, device = _model_dtype(model), _model_device(model)
+        held = f" (its parameters are {str(dtype).removeprefix('torch.')} on {device})" if dtype else ""
+        reason = _first_line(exc)
+        raise TrainwiseError(
+            f"the model fails on the example inputs ({described}) with {type(exc).__name__}: {reason}; pass "
+            f"example inputs of the shape, dtype and device that forward() expects{held}."
+        ) from exc
+    if isinstance(output, torch.Tensor):
+        return (output.detach(),), True
+    if isinstance(output, (tuple, list)) and output and all(isinstance(item, torch.Tensor) for item in output):
+        return tuple(item.detach() for item in output), False
+    kind = type(output).__name__
+    if isinstance(output, (tuple, list)):
+        inner = sorted({type(item).__name__ for item in output if not isinstance(item, torch.Tensor)})
+        kind = f"{kind} holding {', '.join(inner) or 'nothing'}"
+    raise TrainwiseError(
+        f"the model returns a {kind}, but an exported model returns a tensor or a tuple of tensors; make "
+        "forward() return that (or wrap the model in a module whose forward() does)."
+    )
+
+
+def _tensor_text(tensor: torch.Tensor) -> str:
+    return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
+
+
+def _shape_text(shape: Sequence[int | str]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
+
+
+def _specs(names: list[str], tensors: Sequence[torch.Tensor], dynamic: bool) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": name,
+            "shape": ["batch" if dynamic and i == 0 else size for i, size in enumerate(tensor.shape)],
+            "dtype": str(tensor.dtype).removeprefix("torch."),
+        }
+        for name, tensor in zip(names, tensors)
+    ]
+
+
+def _output_specs(checks: list[Any], dynamic: bool) -> list[dict[str, Any]]:
+    """Output shapes, with ``"batch"`` where a dimension followed the input batch size across the checks."""
+    specs = []
+    for position, tensor in enumerate(checks[0][2]):
+        shape: list[int | str] = list(tensor.shape)
+        if dynamic and len(checks) > 1:
+            for dim in range(len(shape)):
+                if all(c[2][position].dim() > dim and c[2][position].shape[dim] == c[0] for c in checks):
+                    shape[dim] = "batch"
+        specs.append({"shape": shape, "dtype": str(tensor.dtype).removeprefix("torch.")})
+    return specs
+
+
+def _versions(format: str) -> dict[str, str]:
+    versions = {"trainwise": __version__, "torch": torch.__version__, "python": sys.version.split()[0]}
+    if format == "onnx":
+        for package in ("onnx", "onnxscript", "onnxruntime"):
+            with contextlib.suppress(ImportError):
+                versions[package] = importlib.import_module(package).__version__
+    return versions
+
+
+# -- the three writers -------------------------------------------------------------------------------------
+
+
+def _dynamic_shapes(inputs: tuple[torch.Tensor, ...], dynamic: bool) -> tuple[dict[int, Any], ...] | None:
+    if not dynamic:
+        return None
+    batch = torch.export.Dim("batch")  # one symbol shared by every input: they have the same batch
+    return tuple({0: batch} for _ in inputs)
+
+
+def _write_torch_export(
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, dynamic: bool, names: list[str], n_out: int
+) -> str:
+    try:
+        program = torch.export.export(model, inputs, dynamic_shapes=_dynamic_shapes(inputs, dynamic))
+    except Exception as exc:
+        raise _explain(exc, "torch.export", dynamic) from exc
+    torch.export.save(program, str(path))
+    return "export"
+
+
+@contextlib.contextmanager
+def _quiet_jit() -> Iterator[None]:
+    """Hide torch's "torch.jit.* is deprecated" warnings: the user asked for TorchScript (docs/export.md)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
+        yield
+
+
+def _write_torchscript(
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, dynamic: bool, names: list[str], n_out: int
+) -> str:
+    method = "script"
+    with _quiet_jit():
+        try:
+            compiled = torch.jit.script(model)
+        except Exception as exc:
+            warnings.warn(
+                f"TorchScript scripting failed ({type(exc).__name__}: {_first_line(exc)}), so the model was "
+                "traced instead: tracing freezes data-dependent control flow (an if or loop on tensor values) "
+                "at the branch the example inputs took; use format='torch.export' if the model has any.",
+                ExportWarning,
+                stacklevel=3,
+            )
+            method = "trace"
+            try:
+                compiled = torch.jit.trace(model, inputs)
+            except Exception as trace_exc:
+                raise TrainwiseError(
+                    f"TorchScript can neither script ({_first_line(exc)}) nor trace ({_first_line(trace_exc)}) "
+                    "this model; use format='torch.export'."
+                ) from trace_exc
+        torch.jit.save(compiled, str(path))
+    return method
+
+
+@contextlib.contextmanager
+def _quiet_onnx_logs() -> Iterator[None]:
+    """torch's ONNX exporter logs a warning per missing torchvision op on every export; silence that logger."""
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _write_onnx(
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, dynamic: bool, names: list[str], n_out: int
+) -> str:
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    try:
+        with _quiet_onnx_logs(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch-internal deprecations, nothing to act on
+            warnings.simplefilter("ignore", FutureWarning)
+            torch.onnx.export(
+                model,
+                inputs,
+                str(path),
+                input_names=names,
+                output_names=_output_names(n_out),
+                dynamic_shapes=_dynamic_shapes(inputs, dynamic),
+                dynamo=True,
+                external_data=weights > _ONNX_WEIGHTS_INLINE_LIMIT,  # one self-contained file when it fits
+                verbose=False,
+            )
+    except Exception as exc:
+        raise _explain(exc, "onnx", dynamic) from exc
+    import onnx
+
+    onnx.checker.check_model(str(path))
+    return "dynamo"
+
+
+def _explain(exc: BaseException, format: str, dynamic: bool) -> TrainwiseError:
+    """One sentence for an export failure: the construct that failed, where, and the format that would work."""
+    chain, seen = [], exc
+    while seen is not None and len(chain) < _FIRST_CAUSES:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = "\n".join(f"{type(e).__name__}: {e}" for e in chain)
+    where = _user_frame(chain)
+    if "GuardOnDataDependentSymNode" in text or "data-dependent" in text or "data dependent" in text:
+        return TrainwiseError(
+            f"{format} cannot export data-dependent control flow (a branch or loop on tensor values{where}); "
+            "export with format='torchscript', whose scripting keeps the branch, or rewrite it with torch.cond."
+        )
+    if "specialized it to be a constant" in text or "specialized to be a constant" in text:
+        return TrainwiseError(
+            f"the model fixes the batch dimension to a constant{where} (a view or reshape with a literal batch "
+            "size, for example), so it cannot have a dynamic batch; use -1 or x.shape[0] there, or pass "
+            "dynamic_batch=False."
+        )
+    other = "torchscript" if format != "torchscript" else "torch.export"
+    return TrainwiseError(
+        f"{format} export failed{where} with {type(chain[-1]).__name__}: {_first_line(chain[-1])}; try "
+        f"format={other!r}."
+    )
+
+
+def _user_frame(chain: list[BaseException]) -> str:
+    """`` at file:line (`code`)`` for the innermost frame outside torch and this module, if any."""
+    skip = (str(Path(torch.__file__).parent), __file__, "<")
+    for exc in chain:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(skip)]
+        if frames:
+            frame = frames[-1]
+            code = (frame.line or linecache.getline(frame.filename, frame.lineno or 0)).strip()
+            return f" at {frame.filename}:{frame.lineno}" + (f" `{code}`" if code else "")
+    return ""
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__).rstrip(".")[:300]
+
+
+# -- parity --------------------------------------------------------------------------------------------------
+
+
+def _verify(
+    staged: Path,
+    metadata: dict[str, Any],
+    checks: list[tuple[int | None, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]],
+    *,
+    atol: float | None,
+    rtol: float | None,
+) -> ExportReport:
+    format = metadata["format"]
+    first = checks[0][2][0]
+    default_atol, default_rtol = TOLERANCES.get(first.dtype, (0.0, 0.0))
+    report = ExportReport(
+        path=staged,
+        sidecar=_sidecar_path(staged),
+        format=format,
+        method=metadata["method"],
+        dynamic_batch=metadata["dynamic_batch"],
+        inputs=metadata["inputs"],
+        outputs=metadata["outputs"],
+        batch_sizes=tuple(size for size, _, _ in checks if size is not None),
+        atol=default_atol if atol is None else atol,
+        rtol=default_rtol if rtol is None else rtol,
+        max_abs_diff=None,
+        max_rel_diff=None,
+        verified=False,
+        runtime="",
+    )
+    if format == "onnx" and not _installed("onnxruntime"):
+        warnings.warn(
+            f"the ONNX artifact was checked with onnx.checker but not run: onnxruntime is not installed, so "
+            f"parity with the eager model is unverified; {ONNX_INSTALL} to check it.",
+            ExportWarning,
+            stacklevel=3,
+        )
+        report.runtime = "none (onnxruntime not installed)"
+        return report
+    loaded = _load(staged, format, None, metadata)  # the sidecar is written only once parity holds
+    report.runtime = loaded.runtime
+    worst_abs = worst_rel = 0.0
+    for size, inputs, expected in checks:
+        at = f" at batch size {size}" if size is not None else ""
+        try:
+            actual = loaded.run_tuple(*inputs)
+        except Exception as exc:
+            raise ExportParityError(
+                f"the {format} artifact fails{at} with {type(exc).__name__}: {_first_line(exc)}, so the export "
+                "froze a shape the eager model keeps free; pass dynamic_batch=False or use format='torch.export'.",
+                report=report,
+            ) from exc
+        if len(actual) != len(expected):
+            raise ExportParityError(
+                f"the {format} artifact returns {len(actual)} outputs{at} where the eager model returns "
+                f"{len(expected)}; return a flat tuple of tensors from forward().",
+                report=report,
+            )
+        for position, (got, want) in enumerate(zip(actual, expected)):
+            got, want = got.detach().cpu(), want.detach().cpu()
+            if got.shape != want.shape:
+                raise ExportParityError(
+                    f"the {format} artifact returns shape {tuple(got.shape)} for output {position}{at} where the "
+                    f"eager model returns {tuple(want.shape)}; pass dynamic_batch=False or use "
+                    "format='torch.export'.",
+                    report=report,
+                )
+            out_atol, out_rtol = TOLERANCES.get(want.dtype, (0.0, 0.0))
+            out_atol = out_atol if atol is None else atol
+            out_rtol = out_rtol if rtol is None else rtol
+            abs_diff, rel_diff, ok = _difference(got, want, out_atol, out_rtol)
+            worst_abs, worst_rel = max(worst_abs, abs_diff), max(worst_rel, rel_diff)
+            report.max_abs_diff, report.max_rel_diff = worst_abs, worst_rel
+            if not ok:
+                raise ExportParityError(
+                    f"the {format} artifact differs from the eager model by up to {abs_diff:.3g} (relative "
+                    f"{rel_diff:.3g}) on output {position}{at}, above atol={out_atol:g}, rtol={out_rtol:g}; if "
+                    "that is expected (reduced precision, fused kernels) pass a looser atol or rtol, otherwise "
+                    f"try another format than {format!r}.",
+                    report=report,
+                )
+    report.verified = True
+    return report
+
+
+def _difference(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> tuple[float, float, bool]:
+    """(max absolute, max relative difference, within ``atol + rtol * |expected|`` everywhere)."""
+    if actual.numel() == 0:
+        return 0.0, 0.0, True
+    a, e = actual.to(torch.float64), expected.to(torch.float64)
+    both_nan = a.isnan() & e.isnan()
+    same_inf = a.isinf() & (a == e)
+    diff = (a - e).abs().masked_fill(both_nan | same_inf, 0.0).nan_to_num(nan=math.inf)
+    eps = torch.finfo(expected.dtype).eps if expected.is_floating_point() else 1.0
+    rel = diff / e.abs().nan_to_num(nan=0.0, posinf=math.inf).clamp(min=eps)
+    ok = bool((diff <= atol + rtol * e.abs().nan_to_num(nan=0.0)).all())
+    return float(diff.max()), float(rel.max()), ok
+
+
+# -- loading -------------------------------------------------------------------------------------------------
+
+
+class ExportedModel:
+    """A loaded artifact: call it with tensors (or NumPy arrays) like the original model.
+
+    Returns a tensor when the model returned one, else a tuple of tensors. With a sidecar next to the artifact,
+    the inputs are checked first against the recorded names, dtypes and shapes, so a mistake reads as one
+    sentence rather than a runtime's internal error.
+    """
+
+    def __init__(
+        self, path: Path, format: str, metadata: dict[str, Any], run: Callable[..., Any], runtime: str, device: Any
+    ) -> None:
+        self.path = path
+        self.format = format
+        self.metadata = metadata
+        self.runtime = runtime
+        self.device = device
+        self._run = run
+
+    @property
+    def input_names(self) -> list[str]:
+        return [spec["name"] for spec in self.metadata.get("inputs", [])]
+
+    def __repr__(self) -> str:
+        return f"ExportedModel({str(self.path)!r}, format={self.format!r})"
+
+    def __call__(self, *inputs: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        outputs = self.run_tuple(*inputs)
+        if self.metadata.get("single_output", len(outputs) == 1) and len(outputs) == 1:
+            return outputs[0]
+        return outputs
+
+    def run_tuple(self, *inputs: Any) -> tuple[torch.Tensor, ...]:
+        """The outputs as a tuple, whatever the model returned."""
+        tensors = tuple(torch.as_tensor(x) if isinstance(x, np.ndarray) else x for x in inputs)
+        _check_inputs(tensors, self.metadata.get("inputs"), self.path)
+        outputs = self._run(*tensors)
+        if isinstance(outputs, torch.Tensor):
+            return (outputs,)
+        return tuple(outputs)
+
+
+def load_exported(
+    path: str | os.PathLike[str],
+    *,
+    format: Format | None = None,
+    device: str | torch.device | None = None,
+) -> ExportedModel:
+    """Load an artifact written by :func:`export` (or any .pt2, TorchScript or .onnx file) as a callable.
+
+    The format comes from ``format``, else the sidecar ``path.json``, else the file suffix (.pt2, .torchscript or
+    .ts, .onnx). ``device`` moves a torch.export or TorchScript artifact (``"cpu"`` loads a GPU export on a
+    machine without one) and picks onnxruntime's CUDA provider for ``"cuda"``. No model class is imported.
+    """
+    artifact = Path(path)
+    if not artifact.is_file():
+        raise TrainwiseError(f"no exported model at {artifact}; check the path (export writes it with export()).")
+    return _load(artifact, format, device, _read_sidecar(artifact))
+
+
+def _load(
+    artifact: Path, format: str | None, device: str | torch.device | None, metadata: dict[str, Any]
+) -> ExportedModel:
+    format = format or metadata.get("format") or _SUFFIX_FORMATS.get(artifact.suffix.lower())
+    if format not in FORMATS:
+        raise TrainwiseError(
+            f"cannot tell the format of {artifact} (no sidecar {_sidecar_path(artifact).name}, suffix "
+            f"{artifact.suffix!r}); pass format= one of {', '.join(FORMATS)}."
+        )
+    target = None if device is None else torch.device(device)
+    if format == "torch.export":
+        return _load_torch_export(artifact, metadata, target)
+    if format == "torchscript":
+        with _quiet_jit():
+            module = torch.jit.load(str(artifact), map_location=target)
+        module.eval()
+        return ExportedModel(artifact, format, metadata, _no_grad(module), f"torch {torch.__version__}", target)
+    return _load_onnx(artifact, metadata, target)
+
+
+def _no_grad(function: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*inputs: torch.Tensor) -> Any:
+        with torch.no_grad():
+            return function(*inputs)
+
+    return run
+
+
+def _load_torch_export(artifact: Path, metadata: dict[str, Any], device: torch.device | None) -> ExportedModel:
+    program = torch.export.load(str(artifact))
+    if device is not None:
+        from torch.export.passes import move_to_device_pass
+
+        program = move_to_device_pass(program, device)
+    module = program.module()
+    return ExportedModel(artifact, "torch.export", metadata, _no_grad(module), f"torch {torch.__version__}", device)
+
+
+def _load_onnx(artifact: Path, metadata: dict[str, Any], device: torch.device | None) -> ExportedModel:
+    ort = _require("onnxruntime", "Running an ONNX artifact")
+    providers = ["CPUExecutionProvider"]
+    if device is not None and device.type == "cuda":
+        providers.insert(0, "CUDAExecutionProvider")
+    session = ort.InferenceSession(str(artifact), providers=providers)
+    names = [node.name for node in session.get_inputs()]
+
+    def run(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if len(inputs) != len(names):
+            raise TrainwiseError(f"{artifact.name} takes {len(names)} inputs ({', '.join(names)}), got {len(inputs)}.")
+        feed = {name: tensor.detach().cpu().numpy() for name, tensor in zip(names, inputs)}
+        return tuple(torch.from_numpy(np.asarray(out)) for out in session.run(None, feed))
+
+    return ExportedModel(artifact, "onnx", metadata, run, f"onnxruntime {ort.__version__}", device)
+
+
+def _check_inputs(inputs: tuple[Any, ...], specs: list[dict[str, Any]] | None, artifact: Path) -> None:
+    for position, tensor in enumerate(inputs):
+        if not isinstance(tensor, torch.Tensor):
+            raise TrainwiseError(
+                f"input {position} is of type {type(tensor).__name__}; pass tensors or NumPy arrays to {artifact.name}."
+            )
+    if not specs:
+        return
+    if len(inputs) != len(specs):
+        names = ", ".join(spec["name"] for spec in specs)
+        raise TrainwiseError(f"{artifact.name} takes {len(specs)} input(s) ({names}), got {len(inputs)}.")
+    for tensor, spec in zip(inputs, specs):
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype != spec["dtype"]:
+            raise TrainwiseError(
+                f"input {spec['name']!r} of {artifact.name} must be {spec['dtype']}, got {dtype}; convert it "
+                f"(tensor.to(torch.{spec['dtype']}) or array.astype('{spec['dtype']}'))."
+            )
+        shape = list(tensor.shape)
+        expected = spec["shape"]
+        fits = len(shape) == len(expected) and all(want == "batch" or want == got for want, got in zip(expected, shape))
+        if not fits:
+            hint = " (add the batch dimension: x[None] for one sample)" if len(shape) == len(expected) - 1 else ""
+            raise TrainwiseError(
+                f"input {spec['name']!r} of {artifact.name} must have shape {_shape_text(expected)}, got "
+                f"{_shape_text(shape)}; reshape it{hint}."
+            )
+
+
+def _sidecar_path(artifact: Path) -> Path:
+    return artifact.with_name(artifact.name + ".json")
+
+
+def _read_sidecar(artifact: Path) -> dict[str, Any]:
+    sidecar = _sidecar_path(artifact)
+    if not sidecar.is_file():
+        return {}
+    try:
+        data = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TrainwiseError(f"sidecar {sidecar} is unreadable ({exc}); delete it or export again.") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600; a sidecar is as readable as its artifact
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2)
+            handle.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _require(package: str, purpose: str) -> types.ModuleType:
+    """Import an optional dependency, or say in one sentence how to install it."""
+    try:
+        return importlib.import_module(package)
+    except ImportError:
+        raise TrainwiseError(
+            f"{purpose} needs the {package} package, which is not installed; {ONNX_INSTALL}."
+        ) from None
+
+
+def _installed(package: str) -> bool:
+    try:
+        importlib.import_module(package)
+    except ImportError:
+        return False
+    return True

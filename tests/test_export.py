@@ -1,0 +1,433 @@
+"""Export (fundamental 11): every format round-trips with parity, in eval mode, loadable without the source.
+
+The exports are shared through module-scoped fixtures: torch.export and the ONNX exporter take seconds on CPU.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+import uuid
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import trainwise
+from trainwise.demo import DigitsCNN
+from trainwise.errors import TrainwiseError
+from trainwise.evaluation import training_modes
+from trainwise.exporting import SUFFIXES, ExportParityError, ExportWarning, load_exported
+
+try:
+    import onnx  # noqa: F401
+    import onnxruntime  # noqa: F401
+    import onnxscript  # noqa: F401
+
+    HAVE_ONNX = True
+except ImportError:
+    HAVE_ONNX = False
+
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+
+
+def _cnn() -> nn.Module:
+    model = DigitsCNN(width=8, dropout=0.5)
+    with torch.no_grad():  # move the BatchNorm running statistics away from (0, 1): eval and train must differ
+        for _ in range(3):
+            model(torch.randn(16, 1, 8, 8) * 2 + 0.5)
+    return model
+
+
+def _transformer() -> nn.Module:
+    return nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.1, batch_first=True)
+
+
+# name: (factory, example shape); the batch sizes 1, 2 and 3 cover the 0/1 specialisation of torch.export.
+MODELS = {
+    "mlp": (_mlp, (1, 6)),
+    "cnn": (_cnn, (2, 1, 8, 8)),
+    "transformer": (_transformer, (3, 5, 16)),
+}
+
+
+def _build(name: str) -> tuple[nn.Module, torch.Tensor]:
+    factory, shape = MODELS[name]
+    torch.manual_seed(0)
+    model = factory()
+    model.train()
+    first = next(m for m in model.modules() if m is not model)
+    first.eval()  # a submodule the user keeps in eval mode: must stay so after export
+    return model, torch.randn(shape)
+
+
+def _eval_outputs(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    modes = training_modes(model)
+    with trainwise.evaluating(model):
+        out = model(x)
+    assert training_modes(model) == modes
+    return out
+
+
+def _export_params():
+    for name in MODELS:
+        for format in ("torch.export", "torchscript", "onnx"):
+            marks = [pytest.mark.skipif(not HAVE_ONNX, reason="onnx, onnxscript or onnxruntime absent")]
+            yield pytest.param((name, format), marks=marks if format == "onnx" else [], id=f"{name}-{format}")
+
+
+@pytest.fixture(scope="module", params=list(_export_params()))
+def exported(request, tmp_path_factory):
+    name, format = request.param
+    model, example = _build(name)
+    modes = training_modes(model)
+    path = tmp_path_factory.mktemp("export") / f"{name}{SUFFIXES[format]}"
+    report = trainwise.export(model, example, path, format)
+    return {"model": model, "example": example, "report": report, "path": path, "modes": modes, "format": format}
+
+
+def test_round_trip_parity_at_three_batch_sizes(exported):
+    model, example, report = exported["model"], exported["example"], exported["report"]
+    assert report.verified and report.path == exported["path"] and exported["path"].is_file()
+    assert report.max_abs_diff is not None and report.max_abs_diff <= 1e-4
+    assert len(report.batch_sizes) == 3 and example.shape[0] in report.batch_sizes and 1 in report.batch_sizes
+    assert training_modes(model) == exported["modes"]  # exported in train mode, every mode restored
+    run = load_exported(exported["path"], device="cpu")
+    assert run.format == exported["format"]
+    for batch in (example.shape[0], 1, 4, 7):
+        x = torch.randn(batch, *example.shape[1:])
+        torch.testing.assert_close(run(x), _eval_outputs(model, x), **TOL)
+
+
+def test_train_mode_export_gives_eval_outputs(exported):
+    model, example = exported["model"], exported["example"]
+    if not any(isinstance(m, (nn.Dropout, nn.BatchNorm2d)) and m.training for m in model.modules()):
+        pytest.skip("no train-mode dropout or BatchNorm left")
+    run = load_exported(exported["path"])
+    x = torch.randn(8, *example.shape[1:])
+    torch.manual_seed(1)
+    with torch.no_grad():
+        train_out = model(x)  # dropout on, BatchNorm on batch statistics
+    assert model.training
+    assert not torch.allclose(run(x), train_out, atol=1e-3)
+    torch.testing.assert_close(run(x), _eval_outputs(model, x), **TOL)
+
+
+def test_sidecar_records_format_shapes_versions_and_parity(exported):
+    sidecar = exported["path"].with_name(exported["path"].name + ".json")
+    assert exported["report"].sidecar == sidecar
+    meta = json.loads(sidecar.read_text())
+    example = exported["example"]
+    assert meta["format"] == exported["format"] and meta["dynamic_batch"] is True
+    (spec,) = meta["inputs"]
+    assert spec["shape"] == ["batch", *example.shape[1:]] and spec["dtype"] == "float32"
+    assert meta["outputs"][0]["shape"][0] == "batch"
+    assert meta["versions"]["torch"] == torch.__version__ and meta["versions"]["trainwise"] == trainwise.__version__
+    parity = meta["parity"]
+    assert parity["verified"] is True and parity["max_abs_diff"] <= parity["atol"] + 1e-4
+    assert sorted(parity["batch_sizes"]) == sorted(exported["report"].batch_sizes)
+    assert sorted(p.name for p in exported["path"].parent.iterdir()) == sorted([exported["path"].name, sidecar.name])
+
+
+def test_loaded_artifact_checks_inputs_against_the_sidecar(exported):
+    run = load_exported(exported["path"])
+    shape = exported["example"].shape
+    with pytest.raises(TrainwiseError, match="must be float32, got float64"):
+        run(torch.randn(2, *shape[1:], dtype=torch.float64))
+    with pytest.raises(TrainwiseError, match=r"add the batch dimension"):
+        run(torch.randn(*shape[1:]))
+    out = run(np.random.default_rng(0).standard_normal((2, *shape[1:]), dtype=np.float32))  # NumPy arrays too
+    assert isinstance(out, torch.Tensor) and out.shape[0] == 2
+
+
+# -- a fresh process where the model's module cannot be imported ---------------------------------------
+
+MODEL_SOURCE = '''
+import torch
+from torch import nn
+
+
+class FreshNet(nn.Module):
+    """BatchNorm, dropout and a data-dependent branch (scripting keeps it; torch.export needs no branch here)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(5, 12), nn.BatchNorm1d(12), nn.ReLU(), nn.Dropout(0.4))
+        self.head = nn.Linear(12, 2)
+
+    def forward(self, x):
+        return self.head(self.body(x)).tanh() * 3
+'''
+
+BLOCKED_RUNNER = """
+import importlib.abc, json, sys
+import numpy as np
+
+MODULE, FOLDER = sys.argv[1], sys.argv[2]
+
+
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == MODULE or name.startswith(MODULE + "."):
+            raise ImportError(f"{name} is blocked: the artifact must load without the model's source")
+        return None
+
+
+sys.meta_path.insert(0, Blocker())
+sys.path[:] = [p for p in sys.path if p not in (FOLDER, "")]
+try:
+    __import__(MODULE)
+except ImportError:
+    pass
+else:
+    raise SystemExit("the model module is importable, so this test would prove nothing")
+
+from trainwise import load_exported
+
+results = {}
+for artifact in sys.argv[3:]:
+    run = load_exported(artifact)
+    for batch in (1, 4):
+        x = np.load(f"{FOLDER}/x{batch}.npy")
+        expected = np.load(f"{FOLDER}/y{batch}.npy")
+        got = run(x).numpy()
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
+    results[artifact] = run.format
+assert MODULE not in sys.modules
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.slow
+def test_artifacts_load_in_a_fresh_process_without_the_model_source(tmp_path):
+    module = f"tw_fresh_model_{uuid.uuid4().hex[:8]}"
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / f"{module}.py").write_text(MODEL_SOURCE)
+    sys.path.insert(0, str(source))
+    try:
+        fresh = __import__(module)
+        torch.manual_seed(0)
+        model = fresh.FreshNet()
+        with torch.no_grad():
+            model(torch.randn(32, 5) + 1)  # non-trivial running statistics
+    finally:
+        sys.path.remove(str(source))
+        sys.modules.pop(module, None)
+    formats = ["torch.export", "torchscript"] + (["onnx"] if HAVE_ONNX else [])
+    artifacts = []
+    for format in formats:
+        path = tmp_path / f"fresh{SUFFIXES[format]}"
+        trainwise.export(model, torch.randn(2, 5), path, format)
+        artifacts.append(str(path))
+    for batch in (1, 4):
+        x = torch.randn(batch, 5)
+        np.save(source / f"x{batch}.npy", x.numpy())
+        np.save(source / f"y{batch}.npy", _eval_outputs(model, x).numpy())
+    runner = tmp_path / "runner" / "run_blocked.py"
+    runner.parent.mkdir()
+    runner.write_text(BLOCKED_RUNNER)
+    proc = subprocess.run(
+        [sys.executable, str(runner), module, str(source), *artifacts],
+        capture_output=True,
+        text=True,
+        cwd=runner.parent,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(json.loads(proc.stdout.strip().splitlines()[-1]).values()) == set(formats)
+
+
+# -- what cannot be exported, and bad input ------------------------------------------------------------------
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.linear(x)
+        if y.sum() > 0:  # a branch on a tensor's value
+            return y * 2
+        return y - 1
+
+
+class FixedBatch(nn.Module):
+    def forward(self, x):
+        return x.reshape(2, -1).sum(1)
+
+
+class VarArgs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, *xs):  # TorchScript cannot script *args
+        return self.linear(xs[0])
+
+
+class ScriptDiffers(nn.Module):
+    def forward(self, x):
+        if torch.jit.is_scripting():
+            return x + 0.5
+        return x
+
+
+class Returns(nn.Module):
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return {"logits": y} if self.value == "dict" else "not a tensor"
+
+
+def test_data_dependent_control_flow_names_the_construct_and_a_format_that_works(tmp_path):
+    model = DataDependent()
+    with pytest.raises(TrainwiseError) as info:
+        trainwise.export(model, torch.randn(2, 4), tmp_path / "dd.pt2")
+    message = str(info.value)
+    assert "data-dependent control flow" in message and "if y.sum() > 0" in message
+    assert "format='torchscript'" in message and "\n" not in message
+    assert not (tmp_path / "dd.pt2").exists() and list(tmp_path.iterdir()) == []
+    report = trainwise.export(model, torch.randn(2, 4), tmp_path / "dd.torchscript", "torchscript")  # the fix
+    run = load_exported(report.path)
+    for x in (torch.full((3, 4), 5.0), torch.full((3, 4), -5.0)):  # both branches survive scripting
+        torch.testing.assert_close(run(x), _eval_outputs(model, x))
+
+
+def test_a_batch_fixed_in_the_code_names_dynamic_batch_false(tmp_path):
+    with pytest.raises(TrainwiseError, match="dynamic_batch=False"):
+        trainwise.export(FixedBatch(), torch.randn(2, 4), tmp_path / "fixed.pt2")
+    report = trainwise.export(FixedBatch(), torch.randn(2, 4), tmp_path / "fixed.pt2", dynamic_batch=False)
+    assert report.verified and report.batch_sizes == (2,)
+    meta = json.loads(report.sidecar.read_text())
+    assert meta["inputs"][0]["shape"] == [2, 4] and meta["dynamic_batch"] is False
+    with pytest.raises(TrainwiseError, match=r"must have shape \(2, 4\)"):
+        load_exported(report.path)(torch.randn(3, 4))
+
+
+def test_torchscript_falls_back_to_tracing_with_a_warning(tmp_path):
+    torch.manual_seed(0)
+    model = VarArgs()
+    with pytest.warns(ExportWarning, match="freezes data-dependent control flow"):
+        report = trainwise.export(model, torch.randn(2, 4), tmp_path / "va.torchscript", "torchscript")
+    assert report.method == "trace" and report.verified
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(load_exported(report.path)(x), _eval_outputs(model, x))
+
+
+def test_parity_failure_raises_and_keeps_the_previous_file(tmp_path):
+    target = tmp_path / "model.torchscript"
+    target.write_bytes(b"a good artifact from yesterday")
+    with pytest.raises(ExportParityError, match=r"differs from the eager model by up to 0\.5") as info:
+        trainwise.export(ScriptDiffers(), torch.randn(2, 3), target, "torchscript")
+    assert info.value.report.max_abs_diff == pytest.approx(0.5)
+    assert target.read_bytes() == b"a good artifact from yesterday"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.torchscript"]  # no sidecar, no staging left
+    report = trainwise.export(ScriptDiffers(), torch.randn(2, 3), target, "torchscript", atol=0.6)
+    assert report.verified and report.atol == 0.6
+
+
+@pytest.mark.parametrize(
+    ("example", "match"),
+    [
+        (torch.randn(2, 5), r"fails on the example inputs \(input: float32\[2, 5\]\).*shape"),
+        (torch.ones(2, 4, dtype=torch.int64), r"int64\[2, 4\].*dtype.*parameters are float32"),
+        (torch.randn(2, 4, dtype=torch.float64), r"float64\[2, 4\].*dtype"),
+        ([torch.randn(2, 4), 3], "example input 1 is of type int"),
+        ({"x": torch.randn(2, 4)}, "positionally as a tuple"),
+        ("not a tensor", "must be a tensor or a non-empty tuple of tensors"),
+    ],
+    ids=["shape", "int-dtype", "double-dtype", "not-tensor", "dict", "string"],
+)
+def test_bad_example_inputs_are_one_sentence(tmp_path, example, match):
+    model = nn.Sequential(nn.Linear(4, 3))
+    with pytest.raises(TrainwiseError, match=match) as info:
+        trainwise.export(model, example, tmp_path / "m.pt2")
+    assert "\n" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("kind", "match"), [("dict", "returns a dict"), ("str", "returns a str")])
+def test_outputs_must_be_tensors(tmp_path, kind, match):
+    with pytest.raises(TrainwiseError, match=f"{match}.*tensor or a tuple of tensors"):
+        trainwise.export(Returns(kind), torch.randn(2, 4), tmp_path / "m.pt2")
+
+
+def test_tuple_outputs_round_trip(tmp_path):
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 3)
+
+        def forward(self, x, scale):
+            y = self.linear(x) * scale
+            return y, y.argmax(dim=1)
+
+    model = Two()
+    report = trainwise.export(model, (torch.randn(2, 4), torch.rand(2, 1)), tmp_path / "two.torchscript", "torchscript")
+    assert [spec["name"] for spec in report.inputs] == ["x", "scale"]
+    assert [spec["dtype"] for spec in report.outputs] == ["float32", "int64"]
+    logits, labels = load_exported(report.path)(torch.randn(5, 4), torch.rand(5, 1))
+    assert logits.shape == (5, 3) and labels.dtype == torch.int64
+
+
+def test_missing_onnx_is_one_sentence_naming_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx now raises ImportError
+    with pytest.raises(TrainwiseError, match=r"needs the onnx package.*pip install trainwise\[onnx\]"):
+        trainwise.export(_mlp(), torch.randn(2, 6), tmp_path / "m.onnx", "onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_loading_onnx_without_onnxruntime_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    artifact = tmp_path / "m.onnx"
+    artifact.write_bytes(b"not read: the missing runtime is reported first")
+    with pytest.raises(TrainwiseError, match=r"needs the onnxruntime package.*pip install trainwise\[onnx\]"):
+        load_exported(artifact)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_ONNX, reason="onnx or onnxscript absent")
+def test_onnx_without_onnxruntime_is_written_but_marked_unverified(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.warns(ExportWarning, match="onnxruntime is not installed"):
+        report = trainwise.export(_mlp(), torch.randn(2, 6), tmp_path / "m.onnx", "onnx")
+    assert report.path.is_file() and not report.verified and report.max_abs_diff is None
+    assert json.loads(report.sidecar.read_text())["parity"]["verified"] is False
+
+
+def test_unknown_format_and_missing_artifact(tmp_path):
+    with pytest.raises(TrainwiseError, match="unknown export format 'tflite'; use one of"):
+        trainwise.export(_mlp(), torch.randn(2, 6), tmp_path / "m.bin", "tflite")
+    with pytest.raises(TrainwiseError, match="no exported model at"):
+        load_exported(tmp_path / "missing.pt2")
+    (tmp_path / "weird.bin").write_bytes(b"x")
+    with pytest.raises(TrainwiseError, match="cannot tell the format"):
+        load_exported(tmp_path / "weird.bin")
+
+
+def test_trainwise_export_stays_the_function_after_the_module_is_imported(tmp_path):
+    import importlib
+
+    importlib.import_module("trainwise.exporting")  # the module is named apart from the function
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExportWarning)
+        report = trainwise.export(nn.Linear(3, 2), torch.randn(1, 3), tmp_path / "lin.torchscript", "torchscript")
+    assert report.verified and report.batch_sizes == (1, 2, 3)
+
+
+def test_import_trainwise_stays_torch_free():
+    code = "import sys, trainwise; trainwise.__all__; assert 'torch' not in sys.modules, 'torch imported'"
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
