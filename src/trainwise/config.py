@@ -45,16 +45,20 @@ class TrainerConfig:
     keep_best: Literal["memory", "disk"] = "memory"  # where early stopping keeps the best weights
     diagnose: bool = True  # report the onset of overfitting once
     plot: bool = True  # learning-curve PNG in the run folder (needs matplotlib)
+    resume: str | None = None  # "auto": the newest complete checkpoint in run_dir; or a checkpoint path
+    checkpoint_every: int | None = None  # optimizer steps between mid-epoch checkpoints (one per epoch always)
+    keep_last: int = 2  # checkpoints kept besides the best
+    checkpoints: bool = True  # write checkpoints to run_dir/checkpoints
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(TrainerConfig)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             setattr(self, field.name, _check_type(field.name, value, hints[field.name]))
-        for name in ("epochs", "batch_size", "log_every"):
+        for name in ("epochs", "batch_size", "log_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise TrainwiseError(f"{name} must be at least 1, got {getattr(self, name)}.")
-        for name in ("effective_batch", "accumulation_steps", "eval_batch_size"):
+        for name in ("effective_batch", "accumulation_steps", "eval_batch_size", "checkpoint_every"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise TrainwiseError(f"{name} must be at least 1 or unset, got {value}.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -127,6 +128,9 @@ class Accuracy(Metric):
         self._add_count(count)
 
 
+_KINDS: dict[type, str] = {Mean: "mean", Accuracy: "accuracy"}
+
+
 class MetricSet:
     """Named metrics on one device, read back together with a single host sync.
 
@@ -194,5 +198,19 @@ class MetricSet:
         rows = torch.stack([m.fold() for m in self._metrics.values()]).tolist()
         return {name: count for name, (_, count) in zip(self._metrics, rows)}
 
-    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
-        return {name: m.state_dict() for name, m in self._metrics.items()}
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Every metric's kind and numerator/denominator, for checkpoints (loads with ``weights_only``)."""
+        return {
+            name: {"kind": _KINDS[type(m)], "ignore_index": getattr(m, "ignore_index", None), **m.state_dict()}
+            for name, m in self._metrics.items()
+        }
+
+    def load_state_dict(self, state_dict: dict[str, dict[str, Any]]) -> None:
+        """Recreate the metrics of :meth:`state_dict` (replacing any present) with their sums and counts."""
+        self._metrics = {}
+        for name, saved in state_dict.items():
+            if saved["kind"] == "accuracy":
+                metric: Metric = self.accuracy(name, ignore_index=saved.get("ignore_index"))
+            else:
+                metric = self.mean(name)
+            metric.load_state_dict(saved)

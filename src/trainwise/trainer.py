@@ -19,6 +19,8 @@ from trainwise import __version__
 from trainwise.accumulation import GradientAccumulator, accumulation_steps
 from trainwise.batches import call_model, count_items, is_classification
 from trainwise.batches import split_batch as default_split_batch
+from trainwise.checkpoint import CheckpointManager, ResumableLoader, find_resume_checkpoint, read_checkpoint
+from trainwise.checkpoint.state import restore_checkpoint
 from trainwise.config import TrainerConfig
 from trainwise.device import move_to_device, pin_memory_default, resolve_device, resolve_precision
 from trainwise.diagnosis import OverfittingReport, detect_overfitting
@@ -107,6 +109,10 @@ class Trainer:
         keep_best: Literal["memory", "disk"] = "memory",
         diagnose: bool = True,
         plot: bool = True,
+        resume: str | None = None,
+        checkpoint_every: int | None = None,
+        keep_last: int = 2,
+        checkpoints: bool = True,
         optimizer: OptimizerArg = None,
         scheduler: Any = None,
         loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
@@ -210,7 +216,7 @@ class Trainer:
         optimizer = self._optimizer(model)
         scheduler = self._scheduler(optimizer)
         plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-        train_loader = self._loader(train_data, train=True, device=device)
+        train_loader = ResumableLoader(self._loader(train_data, train=True, device=device))
         val_loader = None if val_data is None else self._loader(val_data, train=False, device=device)
         accumulator = GradientAccumulator(
             optimizer,
@@ -235,7 +241,6 @@ class Trainer:
             },
         )
         progress = make_progress(cfg.progress)
-        state = _LoopState(device=device)
         stopper = None
         if cfg.patience is not None:
             stopper = EarlyStopping(
@@ -246,17 +251,53 @@ class Trainer:
                 keep=cfg.keep_best,
                 path=run_dir / "best-weights.pt" if cfg.keep_best == "disk" else None,
             )
-        history: list[dict[str, float]] = []
-        outcome = _Outcome()
+        state = _LoopState(
+            device=device,
+            metrics=MetricSet(device),
+            guard=NonFiniteLossGuard(device),
+            accumulator=accumulator,
+            log=log,
+            progress=progress,
+        )
+        # Everything a checkpoint holds; restored in place on resume (plain values come back in "loop").
+        resumable = {"model": model, "optimizer": optimizer, "accumulator": accumulator, "loader": train_loader,
+                     "metrics": state.metrics, "loop": state.loop}
+        for name, item in (("scheduler", scheduler), ("scaler", accumulator.scaler), ("early_stopping", stopper)):
+            if item is not None:
+                resumable[name] = item
+        state.resumable = resumable
+        if cfg.checkpoints:
+            state.manager = CheckpointManager(run_dir, keep_last=cfg.keep_last, monitor=cfg.monitor,
+                                              mode=metric_mode(cfg.monitor) if cfg.mode == "auto" else cfg.mode)
+        resume_from = find_resume_checkpoint(cfg.resume, run_dir)
+        if resume_from is not None:
+            checkpoint = read_checkpoint(resume_from)
+            saved = checkpoint["state"]
+            # the optimizer must have the groups it had when saved: redo the unfreezing done by then
+            mid_epoch = bool(saved.get("loader", {}).get("batches_done"))
+            for epoch in sorted(cfg.unfreeze_at or {}):
+                if epoch < saved["loop"]["epoch"] or (mid_epoch and epoch == saved["loop"]["epoch"]):
+                    unfreeze(model, *cfg.unfreeze_at[epoch])  # type: ignore[index]
+                    extend_optimizer(optimizer, model, lr_by_pattern=cfg.lr_by_pattern, scheduler=scheduler)
+            restore_checkpoint(checkpoint, resumable)  # in place; the RNG states last
+            state.loop = resumable["loop"]
+            progress.message(
+                f"resumed from {resume_from} at epoch {state.loop['epoch']}, step {accumulator.optimizer_steps}"
+                + (f" ({train_loader.resume_offset} batches into the epoch)." if train_loader.resume_offset else ".")
+            )
+            log.write({"kind": "resumed", "checkpoint": str(resume_from), "epoch": state.loop["epoch"],
+                       "step": accumulator.optimizer_steps})
+        history: list[dict[str, float]] = state.loop["history"]
+        outcome = _Outcome(overfitting=_overfitting_from(state.loop))
         threads = _cpu_threads_beside_workers(device, train_loader)
         try:
-            for epoch in range(1, cfg.epochs + 1):
+            for epoch in range(state.loop["epoch"], cfg.epochs + 1):
+                state.loop["epoch"] = epoch
                 epoch_started = time.perf_counter()
-                self._unfreeze_scheduled(epoch, model, optimizer, scheduler, progress, log)
+                if not train_loader.resume_offset:  # a resumed epoch already unfroze what it had to
+                    self._unfreeze_scheduled(epoch, model, optimizer, scheduler, progress, log)
                 record: dict[str, float] = {"epoch": epoch}
-                train_values = self._train_epoch(
-                    model, forward_model, train_loader, accumulator, precision, state, epoch, log, progress
-                )
+                train_values = self._train_epoch(model, forward_model, train_loader, precision, state, epoch)
                 record.update({f"train_{k}": v for k, v in train_values.items()})
                 if val_loader is not None:
                     val_values = self.validate(forward_model, val_loader, precision=precision, device=device)
@@ -273,8 +314,12 @@ class Trainer:
                     outcome.overfitting = detect_overfitting(history)
                     if outcome.overfitting is not None:
                         progress.message(outcome.overfitting.message())
-                        log.write({"kind": "overfitting", **dataclasses.asdict(outcome.overfitting)})
-                if stopper is not None and stopper.update(epoch, record, model):
+                        state.loop["overfitting"] = dataclasses.asdict(outcome.overfitting)
+                        log.write({"kind": "overfitting", **state.loop["overfitting"]})
+                stop = stopper is not None and stopper.update(epoch, record, model)
+                state.loop["epoch"] = epoch + 1
+                self._checkpoint(state, metric=record.get(cfg.monitor))
+                if stop:
                     outcome.stopped_early = True
                     progress.message(
                         f"early stopping at epoch {epoch}: {cfg.monitor} has not improved for "
@@ -363,28 +408,29 @@ class Trainer:
         self,
         model: torch.nn.Module,
         forward_model: torch.nn.Module,
-        loader: Iterable[Any],
-        accumulator: GradientAccumulator,
+        loader: Any,
         precision: Any,
         state: _LoopState,
         epoch: int,
-        log: RunLog,
-        progress: PlainProgress,
     ) -> dict[str, float]:
         cfg = self.config
         model.train()
-        metrics = MetricSet(state.device)
-        guard = NonFiniteLossGuard(state.device)
-        num_batches = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
+        accumulator, metrics, guard = state.accumulator, state.metrics, state.guard
+        start = getattr(loader, "resume_offset", 0)  # batches of this epoch trained before a resume
+        if not start:
+            metrics.reset()
+        num_batches = len(loader) if hasattr(loader, "__len__") else None
         if num_batches == 0:
             raise TrainwiseError(
                 "the training data yields no batches; use a smaller batch_size or drop_last=False."
             )
-        progress.start_epoch(epoch, cfg.epochs, num_batches)
+        state.progress.start_epoch(epoch, cfg.epochs, num_batches)
+        if start:
+            state.progress.advance(start)
         split, loss_fn = self.split_batch, self.loss_fn
         loss_metric = metrics.mean("loss")
         accuracy_metric = None
-        for index, batch in enumerate(loader):
+        for index, batch in enumerate(loader, start=start):
             last = accumulator.micro_batches + 1 >= accumulator.steps or index + 1 == num_batches
             inputs, targets = split(move_to_device(batch, state.device))
             with accumulator.sync_context(forward_model, last=last):
@@ -397,37 +443,49 @@ class Trainer:
                 loss_metric.update(loss, items)
             else:
                 loss_metric.update_sum(loss, items)
-            if state.accuracy is None:
-                state.accuracy = cfg.accuracy == "on" or (
+            if state.loop["accuracy"] is None:
+                state.loop["accuracy"] = cfg.accuracy == "on" or (
                     cfg.accuracy == "auto" and is_classification(outputs, targets)
                 )
-            if state.accuracy:
+            if state.loop["accuracy"]:
                 if accuracy_metric is None:
                     accuracy_metric = metrics.accuracy("accuracy", ignore_index=cfg.ignore_index)
                 accuracy_metric.update(outputs, targets)
-            state.micro_step += 1
             if cfg.nonfinite == "stop":
                 guard.observe(loss, accumulator.optimizer_steps + 1)
             del outputs, loss  # no graph may outlive its step
             if last:
-                self._optimizer_step(accumulator, metrics, guard, state, epoch, log, progress)
-            progress.advance()
+                self._optimizer_step(state, epoch)
+            state.progress.advance()
         if accumulator.micro_batches:  # an iterable without len(): its last window is short
-            self._optimizer_step(accumulator, metrics, guard, state, epoch, log, progress)
+            self._optimizer_step(state, epoch)
         if cfg.nonfinite == "stop":
             guard.check()
         return metrics.compute()
 
-    def _optimizer_step(self, accumulator, metrics, guard, state, epoch, log, progress) -> None:
+    def _optimizer_step(self, state: _LoopState, epoch: int) -> None:
+        cfg, accumulator = self.config, state.accumulator
         accumulator.step()
-        state.optimizer_steps += 1
-        if state.optimizer_steps % self.config.log_every == 0:
-            if self.config.nonfinite == "stop":
-                guard.check()
-            values = metrics.compute()  # one host sync per log interval
-            progress.show(values)
+        state.loop["windows"] += 1
+        if state.loop["windows"] % cfg.log_every == 0:
+            if cfg.nonfinite == "stop":
+                state.guard.check()
+            values = state.metrics.compute()  # one host sync per log interval
+            state.progress.show(values)
             lr = accumulator.optimizer.param_groups[0]["lr"]
-            log.write({"kind": "train", "epoch": epoch, "step": accumulator.optimizer_steps, **values, "lr": lr})
+            state.log.write({"kind": "train", "epoch": epoch, "step": accumulator.optimizer_steps, **values, "lr": lr})
+        if cfg.checkpoint_every and state.loop["windows"] % cfg.checkpoint_every == 0:
+            self._checkpoint(state)
+
+    def _checkpoint(self, state: _LoopState, *, metric: float | None = None) -> None:
+        """Save the full state at an optimizer-step boundary, never after a non-finite loss."""
+        if state.manager is None:
+            return
+        if self.config.nonfinite == "stop":
+            state.guard.check()
+        state.manager.save(
+            state.resumable, step=state.accumulator.optimizer_steps, metric=metric, config=self.config.to_dict()
+        )
 
     def validate(
         self,
@@ -489,10 +547,24 @@ def _best(history: list[dict[str, Any]], monitor: str, mode: str) -> tuple[int |
 
 @dataclasses.dataclass
 class _LoopState:
+    """What one ``fit`` carries between epochs and steps; ``loop`` holds the plain values a checkpoint saves."""
+
     device: torch.device
-    accuracy: bool | None = None
-    micro_step: int = 0
-    optimizer_steps: int = 0
+    metrics: MetricSet
+    guard: NonFiniteLossGuard
+    accumulator: GradientAccumulator
+    log: RunLog
+    progress: PlainProgress
+    manager: CheckpointManager | None = None
+    resumable: dict[str, Any] = dataclasses.field(default_factory=dict)
+    loop: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: {"epoch": 1, "windows": 0, "history": [], "accuracy": None, "overfitting": None}
+    )
+
+
+def _overfitting_from(loop: dict[str, Any]) -> OverfittingReport | None:
+    saved = loop.get("overfitting")
+    return OverfittingReport(**saved) if saved else None
 
 
 def _cpu_threads_beside_workers(device: torch.device, loader: Any) -> int | None:

@@ -15,7 +15,7 @@ EXIT_INTERRUPTED = 130
 
 # One module per subcommand, each with register(subparsers); imported lazily so that no subcommand's
 # dependencies (torch above all) load before they are needed.
-SUBCOMMANDS = ("demo", "fit", "export", "ckpt")
+SUBCOMMANDS = ("demo", "fit", "export", "ckpt", "doctor")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,108 @@
+"""``trainwise doctor [PATH ...]``: find the classic training-loop mistakes in scripts and notebooks.
+
+Exit 0 without findings, 1 with findings, 2 on a usage error. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "doctor",
+        help="check training scripts and notebooks for classic PyTorch mistakes",
+        description="Check Python files and Jupyter notebooks for the classic mistakes of hand-written PyTorch "
+        "training loops (see docs/doctor.md). Exit 0 without findings, 1 with findings, 2 on a usage error.",
+    )
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="files or folders to check (default: .)")
+    parser.add_argument("--select", action="append", default=None, metavar="CODES",
+                        help="only these codes or prefixes, comma-separated (TW101,TW3); replaces the config's")
+    parser.add_argument("--ignore", action="append", default=None, metavar="CODES",
+                        help="leave out these codes or prefixes, comma-separated; adds to the config's")
+    parser.add_argument("--format", choices=("text", "json", "sarif", "github"), default="text",
+                        help="output format (default text: path:line:col: CODE message)")
+    parser.add_argument("--fix", action="store_true", help="apply safe fixes (formatting and comments kept)")
+    parser.add_argument("--unsafe-fixes", action="store_true", help="with --fix or --diff, apply unsafe fixes too")
+    parser.add_argument("--diff", action="store_true", help="print the fixes as a unified diff; write nothing")
+    parser.add_argument("--explain", metavar="CODE", help="print a rule's documentation and exit")
+    parser.add_argument("--list-rules", action="store_true", help="list the rules and exit")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from trainwise.doctor import engine
+    from trainwise.doctor.report import render
+    from trainwise.doctor.rules import all_rules, rule_for
+    from trainwise.errors import TrainwiseError
+
+    if args.explain:
+        rule = rule_for(args.explain)
+        if rule is None:
+            codes = ", ".join(r.code for r in all_rules())
+            raise TrainwiseError(f"--explain: no rule {args.explain!r}; the codes are {codes}.")
+        print(f"# {rule.code} {rule.name}\n\n{rule.documentation()}")
+        return 0
+    if args.list_rules:
+        for rule in all_rules():
+            print(f"{rule.code}  {rule.name:40}  {rule.summary()}")
+        return 0
+    config = engine.load_config()
+    if args.select:
+        config = replace(config, select=engine.parse_codes(args.select, option="--select"))
+    if args.ignore:
+        config = replace(config, ignore=config.ignore + engine.parse_codes(args.ignore, option="--ignore"))
+    if args.unsafe_fixes:
+        config = replace(config, unsafe_fixes=True)
+    results = engine.check_paths(args.paths or ["."], config)
+    if args.fix or args.diff:
+        return _fix(results, config, args)
+    findings = [f for r in results for f in r.findings]
+    render(findings, sys.stdout, fmt=args.format, files=len(results))
+    return 1 if findings else 0
+
+
+def _fix(results: list, config: Any, args: argparse.Namespace) -> int:
+    """Apply (or with --diff, show) the fixes; then report what is left."""
+    from pathlib import Path
+
+    from trainwise.doctor import engine
+    from trainwise.doctor.fix import apply_fixes, fixes_to_apply, import_libcst, unified_diff
+    from trainwise.doctor.report import render
+
+    import_libcst()
+    remaining = []
+    fixed = changed_files = 0
+    for result in results:
+        fixes = fixes_to_apply(result.findings, unsafe=config.unsafe_fixes)
+        if not fixes or not result.parsed or result.notebook or result.source is None:
+            remaining.extend(result.findings)
+            continue
+        new_source, applied = apply_fixes(result.source, fixes)
+        if not applied or new_source == result.source:
+            remaining.extend(result.findings)
+            continue
+        fixed += applied
+        changed_files += 1
+        if args.diff:
+            sys.stdout.write(unified_diff(result.path, result.source, new_source))
+            remaining.extend(f for f in result.findings if f.fix not in fixes)
+            continue
+        Path(result.path).write_bytes(new_source.encode(result.encoding))
+        after = engine.check_file(result.path, config)
+        remaining.extend(f for f in after.findings if config.enabled(f.code))
+    if args.diff:
+        print(f"{fixed} fix{'es' if fixed != 1 else ''} would be applied in {changed_files} "
+              f"file{'s' if changed_files != 1 else ''}; {len(remaining)} finding"
+              f"{'s' if len(remaining) != 1 else ''} without a fix.", file=sys.stderr)
+        return 1 if fixed or remaining else 0
+    remaining.sort(key=lambda f: f.sort_key())
+    render(remaining, sys.stdout, fmt=args.format, files=len(results))
+    if args.format == "text":
+        print(f"Fixed {fixed} problem{'s' if fixed != 1 else ''} in {changed_files} "
+              f"file{'s' if changed_files != 1 else ''}.")
+    return 1 if remaining else 0

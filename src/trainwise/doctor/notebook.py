@@ -1,0 +1,98 @@
+"""Jupyter notebooks: the code cells joined into one module (imports of cell 1 count in cell 5), IPython
+magics blanked out, and findings mapped back to (cell, line)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trainwise.doctor.rule import Finding, Rule
+
+# Line magics, shell escapes, help lookups and `x = !cmd` / `x = %magic` assignments: not Python.
+_MAGIC_LINE = re.compile(r"^(\s*)(?:[%!]|\w+\s*=\s*[%!]|.*\?\s*$)")
+_PYTHON_CELL_MAGICS = ("%%time", "%%timeit", "%%capture", "%%prun", "%%debug")
+
+
+@dataclass
+class NotebookSource:
+    """The joined Python source and, for each of its lines, the (cell number, line in cell) it came from."""
+
+    source: str
+    origin: list[tuple[int, int]]  # index: virtual line - 1
+
+    def locate(self, line: int) -> tuple[int, int]:
+        """Cell number (1-based, counting every cell) and line within that cell of a virtual line."""
+        if 0 < line <= len(self.origin):
+            return self.origin[line - 1]
+        return self.origin[-1] if self.origin else (1, 1)
+
+
+def cell_sources(data: bytes) -> list[tuple[int, str]]:
+    """(cell number, source) of each code cell; raises ValueError for a file that is not a notebook."""
+    try:
+        notebook = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"not a notebook (invalid JSON: {exc})") from None
+    cells = notebook.get("cells") if isinstance(notebook, dict) else None
+    if not isinstance(cells, list):
+        raise ValueError("not a notebook (no list of cells)")
+    out = []
+    for number, cell in enumerate(cells, start=1):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        source = cell.get("source", "")
+        if isinstance(source, list):
+            source = "".join(str(part) for part in source)
+        if isinstance(source, str):
+            out.append((number, source))
+    return out
+
+
+def join_cells(cells: Sequence[tuple[int, str]]) -> NotebookSource:
+    """One module from the code cells, magics replaced by ``pass`` so that line numbers stay put."""
+    lines: list[str] = []
+    origin: list[tuple[int, int]] = []
+    for number, source in cells:
+        cell_lines = source.splitlines() or [""]
+        skip_cell = cell_lines[0].lstrip().startswith("%%") and not cell_lines[0].lstrip().startswith(
+            _PYTHON_CELL_MAGICS
+        )
+        for i, text in enumerate(cell_lines, start=1):
+            if skip_cell or (i == 1 and text.lstrip().startswith("%%")):
+                text = ""
+            else:
+                match = _MAGIC_LINE.match(text)
+                if match is not None and not text.lstrip().startswith("#"):
+                    text = f"{match.group(1)}pass"
+            lines.append(text)
+            origin.append((number, i))
+    return NotebookSource("\n".join(lines) + "\n", origin)
+
+
+def check_notebook(data: bytes, path: str, *, rules: Sequence[type[Rule]]) -> tuple[list[Finding], bool]:
+    """Findings of a notebook's code cells, located by cell and line. A cell that does not parse gets one
+    TW900 finding and is left out; the other cells are still checked."""
+    from trainwise.doctor.engine import analyse, parse_error
+
+    try:
+        cells = cell_sources(data)
+    except ValueError as exc:
+        return [parse_error(path, f"cannot read notebook: {exc}")], False
+    errors: list[Finding] = []
+    while True:
+        joined = join_cells(cells)
+        findings, parsed = analyse(joined.source, path, rules=rules)
+        broken = [f for f in findings if f.code == "TW900"] if not parsed else []
+        for finding in findings:
+            finding.cell, finding.line = joined.locate(finding.line)
+            finding.fix = None  # --fix does not rewrite notebooks (yet): their findings are reported only
+        if not broken:
+            return sorted(errors + findings, key=Finding.sort_key), not errors
+        errors.extend(broken)
+        bad_cell = broken[0].cell
+        remaining = [(n, s) for n, s in cells if n != bad_cell]
+        if len(remaining) == len(cells):  # cannot tell which cell: give up on the notebook
+            return sorted(errors, key=Finding.sort_key), False
+        cells = remaining

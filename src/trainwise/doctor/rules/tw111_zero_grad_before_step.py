@@ -1,0 +1,186 @@
+"""TW111 zero-grad-before-step: ``backward(); opt.zero_grad(); opt.step()`` applies zero gradients."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from trainwise.doctor.context import dotted, position
+from trainwise.doctor.rule import Rule
+
+_COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.Match)
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+if hasattr(ast, "TryStar"):  # Python 3.11+
+    _COMPOUND = (*_COMPOUND, ast.TryStar)
+
+
+class ZeroGradBeforeStep(Rule):
+    """`zero_grad()` called between `backward()` and `step()` of the same optimizer.
+
+    ## What it does
+    Finds `optimizer.zero_grad()` after a `backward()` and before `optimizer.step()` (or
+    `scaler.step(optimizer)`), with no `backward()` in between.
+
+    ## Why is this bad?
+    `backward()` writes the gradients, `zero_grad()` erases them, and `step()` then applies nothing (or,
+    with momentum and weight decay, only those): the model does not learn from the batch, and the loss
+    curve just stays flat without any error. Zero the gradients before the backward pass or after the step.
+
+    The rule stays silent when the gradients are zeroed before `backward()` or after `step()`, and when
+    another `backward()` comes between `zero_grad()` and `step()`.
+
+    ## Example
+    ```python
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.zero_grad()
+        optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    ```
+
+    ## Fix safety
+    There is no automatic fix: where the call belongs (before the forward pass, or after the step) is a
+    choice about the loop's structure.
+    """
+
+    code = "TW111"
+    name = "zero-grad-before-step"
+    message = "zero_grad() between backward() and step() erases the gradients the step should apply"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._reported: set[ast.AST] = set()
+
+    def visit_Module(self, node: ast.Module) -> None:
+        """Scan the module's statements."""
+        self._run(node.body, False)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        """Scan a function's statements."""
+        self._run(node.body, False)
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        """Scan a coroutine's statements."""
+        self._run(node.body, False)
+
+    def _run(self, statements: list[ast.stmt], backward_open: bool) -> None:
+        """Follow backward / zero_grad / step events in order; nested blocks start with the state before them."""
+        if "zero_grad" not in self.ctx.method_receivers:
+            return  # nothing to find: most files never call zero_grad()
+        pending: dict[str, ast.Call] = {}  # optimizer -> its zero_grad() seen since the last backward
+        for kind, key, node in self._items(statements):
+            if kind == "block":
+                blocks: list[list[ast.stmt]] = node  # type: ignore[assignment]
+                inner: list[tuple[str, str | None, ast.AST]] = []
+                for block in blocks:
+                    self._run(block, backward_open)
+                    inner.extend(self._flat(block))
+                if any(k == "backward" for k, _, _ in inner):
+                    pending.clear()
+                for k, opt, _ in inner:
+                    if k == "step" and opt is not None:
+                        pending.pop(opt, None)
+                continue
+            if kind == "backward":
+                pending.clear()
+                backward_open = True
+            elif kind == "zero" and backward_open and key is not None:
+                pending.setdefault(key, node)  # type: ignore[arg-type]
+            elif kind == "step" and key is not None:
+                zero = pending.pop(key, None)
+                if zero is not None and zero not in self._reported:
+                    self._reported.add(zero)
+                    self.report(
+                        zero,
+                        f"`{key}.zero_grad()` comes after backward() and before `{key}` steps: the step applies "
+                        f"zeroed gradients; zero them before the backward pass or after the step",
+                    )
+                backward_open = False
+            elif kind == "closure_step":
+                pending.clear()
+                backward_open = False
+
+    def _items(self, statements: list[ast.stmt]) -> Iterator[tuple[str, object, object]]:
+        for stmt in statements:
+            if isinstance(stmt, _DEFS):
+                continue
+            if isinstance(stmt, (ast.With, ast.AsyncWith)):
+                yield from self._items(stmt.body)
+            elif isinstance(stmt, _COMPOUND):
+                yield "block", None, _blocks(stmt)
+            else:
+                for call in _calls(stmt):
+                    event = self._event(call)
+                    if event is not None:
+                        yield event[0], event[1], call
+
+    def _flat(self, statements: list[ast.stmt]) -> list[tuple[str, str | None, ast.AST]]:
+        out = []
+        for stmt in statements:
+            if isinstance(stmt, _DEFS):
+                continue
+            for call in _calls(stmt):
+                event = self._event(call)
+                if event is not None:
+                    out.append((event[0], event[1], call))
+        return out
+
+    def _event(self, call: ast.Call) -> tuple[str, str | None] | None:
+        func = call.func
+        if not isinstance(func, ast.Attribute):
+            if self.ctx.qualname(func) == "torch.autograd.backward":
+                return "backward", None
+            return None
+        if func.attr in ("backward", "manual_backward"):
+            return "backward", None
+        receiver = dotted(func.value)
+        if func.attr == "zero_grad" and receiver is not None and not call.args:
+            return "zero", receiver
+        if func.attr == "step" and not (receiver and "sched" in receiver.lower()):
+            if not call.args and not call.keywords:
+                return ("step", receiver) if receiver is not None else None
+            if call.args and not self.ctx.is_optimizer(func.value):
+                first = dotted(call.args[0])  # scaler.step(optimizer)
+                return ("step", first) if first is not None else None
+            return "closure_step", receiver  # optimizer.step(closure): the closure recomputes gradients
+        return None
+
+
+def _blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
+    blocks = []
+    for field in ("body", "orelse", "finalbody"):
+        value = getattr(stmt, field, None)
+        if value:
+            blocks.append(value)
+    for handler in getattr(stmt, "handlers", ()):
+        blocks.append(handler.body)
+    for case in getattr(stmt, "cases", ()):
+        blocks.append(case.body)
+    return blocks
+
+
+def _calls(stmt: ast.AST) -> list[ast.Call]:
+    """Calls inside a statement, nested blocks and functions excluded, in source order."""
+    found = []
+    stack: list[ast.AST] = [stmt]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Call):
+            found.append(node)
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (*_DEFS, ast.stmt)) and child is not stmt:
+                if isinstance(child, ast.stmt):
+                    stack.append(child)
+                continue
+            stack.append(child)
+    found.sort(key=position)
+    return found
