@@ -117,6 +117,13 @@ def _resolve(model: nn.Module, patterns: tuple[Pattern, ...], verb: str) -> tupl
     return matched_modules, matched_params
 
 
+def _targets(model: nn.Module, patterns: tuple[Pattern, ...], verb: str) -> tuple[set[str], set[str]]:
+    """What ``patterns`` match; no patterns means the whole model."""
+    if patterns:
+        return _resolve(model, patterns, verb)
+    return {n for n, _ in model.named_modules()}, {n for n, _ in model.named_parameters()}
+
+
 def _top(model: nn.Module) -> list[str]:
     return [name for name, _ in model.named_children()] or ["(none)"]
 
@@ -143,11 +150,7 @@ def freeze(model: nn.Module, *patterns: Pattern, train_norm_stats: bool = False)
     """
     if not isinstance(model, nn.Module):
         raise TrainwiseError(f"freeze takes a torch.nn.Module first, got {type(model).__name__}.")
-    if patterns:
-        module_names, param_names = _resolve(model, patterns, "freeze")
-    else:
-        module_names = {n for n, _ in model.named_modules()}
-        param_names = {n for n, _ in model.named_parameters()}
+    module_names, param_names = _targets(model, patterns, "freeze")
     params = dict(model.named_parameters())
     for name in param_names:
         params[name].requires_grad_(False)
@@ -164,11 +167,7 @@ def unfreeze(model: nn.Module, *patterns: Pattern) -> list[str]:
     Released norm layers take the model's current mode, so they follow the next ``model.train()``.
     Returns the names of the parameters unfrozen.
     """
-    if patterns:
-        module_names, param_names = _resolve(model, patterns, "unfreeze")
-    else:
-        module_names = {n for n, _ in model.named_modules()}
-        param_names = {n for n, _ in model.named_parameters()}
+    module_names, param_names = _targets(model, patterns, "unfreeze")
     params = dict(model.named_parameters())
     for name in param_names:
         params[name].requires_grad_(True)

@@ -37,11 +37,10 @@ def run(args: argparse.Namespace) -> int:
         raise TrainwiseError(f"--workers must be 0 or more, got {args.workers}.")
     if not args.json:
         print(f"trainwise demo: {DIGITS_ATTRIBUTION}")
-    if args.finetune:
-        return _finetune(args, run_finetune_demo)
-    summary = run_demo(
+    runner = run_finetune_demo if args.finetune else run_demo
+    summary = runner(
         seed=args.seed,
-        epochs=args.epochs,
+        epochs=min(args.epochs, 8) if args.finetune else args.epochs,
         workers=args.workers,
         run_dir=args.run_dir,
         device=args.device,
@@ -50,32 +49,17 @@ def run(args: argparse.Namespace) -> int:
     summary.pop("model")
     if args.json:
         print(json.dumps(summary))
-    else:
-        print(
-            f"validation accuracy {summary['val_accuracy']:.4f}, loss {summary['val_loss']:.4f} after "
-            f"{summary['epochs']} epochs in {summary['seconds']:.1f} s on {summary['device']}; "
-            f"log in {summary['run_dir']}/metrics.jsonl"
-        )
-    return 0
-
-
-def _finetune(args: argparse.Namespace, run_finetune_demo: Any) -> int:
-    summary = run_finetune_demo(
-        seed=args.seed,
-        epochs=min(args.epochs, 8),
-        workers=args.workers,
-        run_dir=args.run_dir,
-        device=args.device,
-        progress="off" if args.json else "auto",
-    )
-    summary.pop("model")
-    if args.json:
-        print(json.dumps(summary))
-    else:
+    elif args.finetune:
         verdict = "unchanged (bitwise)" if summary["frozen_unchanged"] else f"CHANGED: {summary['changed']}"
         print(
             f"pretrain on 0-4: validation accuracy {summary['pretrain_val_accuracy']:.4f}; fine-tune on 5-9 with "
             f"the backbone frozen: {summary['finetune_val_accuracy']:.4f}. Frozen weights and BatchNorm "
             f"statistics ({', '.join(summary['frozen_norm_layers'])}): {verdict}."
         )
-    return 0 if summary["frozen_unchanged"] else 1
+    else:
+        print(
+            f"validation accuracy {summary['val_accuracy']:.4f}, loss {summary['val_loss']:.4f} after "
+            f"{summary['epochs']} epochs in {summary['seconds']:.1f} s on {summary['device']}; "
+            f"log in {summary['run_dir']}/metrics.jsonl"
+        )
+    return 0 if summary.get("frozen_unchanged", True) else 1
