@@ -1,0 +1,195 @@
+"""TW103 evaluation-in-train-mode: evaluation without ``model.eval()``, or training left in eval mode after it."""
+
+from __future__ import annotations
+
+import ast
+
+from trainwise.doctor.context import is_const, keyword, last_name, method_call
+from trainwise.doctor.rule import Rule
+
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_TRANSPARENT_WITH = frozenset({"no_grad", "inference_mode", "autocast", "open", "device", "tqdm", "set_grad_enabled",
+                               "profile", "record_function"})
+
+
+def _sets_eval(call: ast.Call) -> bool:
+    """``x.eval()``, ``x.train(False)``, ``x.train(mode=False)``."""
+    if method_call(call, "eval") and not call.args and not call.keywords:
+        return True
+    if method_call(call, "train"):
+        mode = call.args[0] if call.args else getattr(keyword(call, "mode"), "value", None)
+        return is_const(mode, False)
+    return False
+
+
+def _sets_train(call: ast.Call) -> bool:
+    """``x.train()``, ``x.train(True)``, or ``x.train(<anything but False>)``."""
+    if not method_call(call, "train"):
+        return False
+    mode = call.args[0] if call.args else getattr(keyword(call, "mode"), "value", None)
+    return not is_const(mode, False)
+
+
+class EvaluationInTrainMode(Rule):
+    """An evaluation loop with no `model.eval()` on its path, or training resumed in eval mode after one.
+
+    ## What it does
+    Finds two mistakes about a model's mode:
+
+    - an evaluation loop (a loop over a validation or test loader, or the loop of a function named like
+      `evaluate`, `validate` or `test` that runs the model) when neither that function, nor a function of
+      the same file it calls, nor a function that calls it puts the model in eval mode (`model.eval()` or
+      `model.train(False)`);
+    - a loop that trains (calls `backward()`) and runs such an evaluation, which calls `.eval()`, but never
+      calls `model.train()` again: from the second epoch on, training runs in eval mode.
+
+    ## Why is this bad?
+    Dropout and BatchNorm behave differently in the two modes. Evaluating in train mode drops activations at
+    random and normalises with the batch's statistics (and updates the running statistics with validation
+    data): the metrics are noisy and pessimistic, and the model changes by being evaluated. Training in eval
+    mode after the first validation turns dropout off and freezes BatchNorm statistics, which quietly
+    degrades the model.
+
+    The rule stays silent when the mode is set in a helper of the same file (followed three calls deep), in
+    any caller of the evaluation function, by an unknown context manager around the model call (such as
+    `trainwise.evaluating(model)`), on models loaded with `from_pretrained` or `load` (which may already be
+    in eval mode), and on `.train()` called on anything at all inside the training loop.
+
+    ## Example
+    ```python
+    import torch
+
+    def validate(model, val_loader, criterion):
+        total = 0.0
+        with torch.no_grad():
+            for x, y in val_loader:
+                total += criterion(model(x), y).item()
+        return total / len(val_loader)
+    ```
+
+    ## Use instead
+    ```python
+    import torch
+
+    def validate(model, val_loader, criterion):
+        model.eval()
+        total = 0.0
+        with torch.no_grad():
+            for x, y in val_loader:
+                total += criterion(model(x), y).item()
+        return total / len(val_loader)
+    ```
+    In the training loop, call `model.train()` at the start of each epoch, not once before the loop.
+
+    ## Fix safety
+    There is no automatic fix: the call must go where the mode changes (start of the evaluation, start of
+    each epoch), and a model shared by several loops may need its previous mode restored instead.
+    """
+
+    code = "TW103"
+    name = "evaluation-in-train-mode"
+    message = "the evaluation runs the model in train mode: call model.eval() first"
+
+    def visit_Module(self, node: ast.Module) -> None:
+        """Check the evaluation loops, then the training loops that run them."""
+        regions = self.ctx.evaluation_regions()
+        if not regions:
+            return
+        for region, calls in regions:
+            if self._mode_set_around(region, _sets_eval):
+                continue
+            for call in calls:
+                if self._under_other_with(call) or self._loaded_model(call):
+                    continue
+                self.report(
+                    call,
+                    f"`{self.ctx.segment(call.func)}` runs in an evaluation loop, but nothing puts it in eval mode: "
+                    f"dropout and BatchNorm act as in training; call `.eval()` before the loop",
+                )
+                break
+        self._training_after_evaluation(regions)
+
+    # --------------------------------------------------------------------------------- eval() missing
+    def _mode_set_around(self, region: ast.AST, predicate: object) -> bool:
+        """The mode call in the function holding the region, its helpers, or its callers (two levels up)."""
+        start = region if isinstance(region, _FUNCTIONS) else self.ctx.scope(region)
+        frontier = [start]
+        for _ in range(3):
+            next_frontier = []
+            for fn in frontier:
+                if self.ctx.reaches_call(fn, predicate):  # type: ignore[arg-type]
+                    return True
+                if isinstance(fn, _FUNCTIONS):
+                    next_frontier.extend(self.ctx.scope(site) for site in self.ctx.call_sites(fn))
+                    outer = self.ctx.scope(fn)
+                    if isinstance(outer, _FUNCTIONS):
+                        next_frontier.append(outer)
+            frontier = next_frontier
+        return False
+
+    def _under_other_with(self, node: ast.AST) -> bool:
+        for parent in self.ctx.ancestors(node):
+            if isinstance(parent, _DEFS):
+                return False
+            if isinstance(parent, (ast.With, ast.AsyncWith)):
+                for item in parent.items:
+                    expr = item.context_expr
+                    func = expr.func if isinstance(expr, ast.Call) else expr
+                    if last_name(func) not in _TRANSPARENT_WITH:
+                        return True
+        return False
+
+    def _loaded_model(self, call: ast.Call) -> bool:
+        """A model whose bindings come from ``from_pretrained``/``load``: its mode is not known."""
+        func = call.func
+        while isinstance(func, ast.Attribute) and func.attr in ("module", "model"):
+            func = func.value
+        for b in self.ctx.bindings_of(func):
+            value = b.value
+            for sub in ast.walk(value) if value is not None else ():
+                name = last_name(sub.func) if isinstance(sub, ast.Call) else None
+                if name is not None and ("load" in name or name == "from_pretrained"):
+                    return True
+        return False
+
+    # ------------------------------------------------------------------------- train() never restored
+    def _training_after_evaluation(self, regions: list[tuple[ast.AST, list[ast.Call]]]) -> None:
+        if not any(method_call(c, "backward") for c in self.ctx.nodes(ast.Call)):
+            return
+        evaluating = [r for r, _ in regions]
+        candidates = []
+        for tp in _LOOPS:
+            for loop in self.ctx.nodes(tp):
+                if any(self.ctx.is_inside(loop, r) for r in evaluating if isinstance(r, _FUNCTIONS)):
+                    continue  # a loop of the evaluation itself
+                reached = (loop, *self.ctx.helpers_called(loop))
+                if not any(_calls_backward(n) for n in reached):
+                    continue
+                eval_calls = [c for n in reached for c in self.ctx.calls_within(n) if _sets_eval(c)
+                              and self._inside_evaluation(c, evaluating)]
+                if not eval_calls or any(_sets_train(c) for n in reached for c in self.ctx.calls_within(n)):
+                    continue
+                candidates.append(loop)
+        for loop in candidates:
+            if any(other is not loop and self.ctx.is_inside(other, loop) for other in candidates):
+                continue  # the innermost loop that trains and evaluates reports
+            self.report(
+                loop,
+                "this loop trains and runs an evaluation that calls .eval(), but never calls .train() again: "
+                "from the second pass on, training runs in eval mode; call model.train() at the start of each epoch",
+            )
+
+    def _inside_evaluation(self, call: ast.Call, evaluating: list[ast.AST]) -> bool:
+        if any(self.ctx.is_inside(call, r) for r in evaluating):
+            return True
+        fn = self.ctx.scope(call)  # model.eval() right before an evaluation loop of the same function and loop
+        loop = self.ctx.enclosing_loop(call)
+        return any(
+            not isinstance(r, _FUNCTIONS) and self.ctx.scope(r) is fn and self.ctx.enclosing_loop(r) is loop
+            for r in evaluating
+        )
+
+def _calls_backward(container: ast.AST) -> bool:
+    return any(method_call(c, "backward") for c in ast.walk(container))
