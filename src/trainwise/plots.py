@@ -32,9 +32,9 @@ def plot_learning_curves(
         raise ImportError(PLOT_HINT) from exc
 
     epochs = [r["epoch"] for r in history]
-    show_monitor = (
-        monitor is not None and monitor not in ("train_loss", "val_loss") and any(monitor in r for r in history)
-    )
+    if monitor in (None, "train_loss", "val_loss"):  # already on the loss panel: show accuracy beside it
+        monitor = "val_accuracy" if any("val_accuracy" in r for r in history) else None
+    show_monitor = monitor is not None and any(monitor in r for r in history)
     figure = Figure(figsize=(9 if show_monitor else 6, 4), dpi=100)
     axes = figure.subplots(1, 2 if show_monitor else 1, squeeze=False)[0]
     loss_axis = axes[0]
