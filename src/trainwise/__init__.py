@@ -25,6 +25,7 @@ _EXPORTS = {
     "OverfittingReport": "trainwise.diagnosis",
     "PrecisionPolicy": "trainwise.device",
     "ResumableLoader": "trainwise.checkpoint.loader",
+    "ShardSampler": "trainwise.distributed",
     "Trainer": "trainwise.trainer",
     "TrainerConfig": "trainwise.config",
     "TrainwiseError": "trainwise.errors",
@@ -35,6 +36,10 @@ _EXPORTS = {
     "check_optimizer_covers": "trainwise.guards",
     "count_items": "trainwise.batches",
     "detect_overfitting": "trainwise.diagnosis",
+    "init_distributed": "trainwise.distributed",
+    "is_main_process": "trainwise.distributed",
+    "shard_model": "trainwise.distributed",
+    "sharded_to_single_file": "trainwise.distributed",
     "evaluating": "trainwise.evaluation",
     "export": "trainwise.exporting",
     "extend_optimizer": "trainwise.freezing",
@@ -80,6 +85,7 @@ __all__ = [
     "OverfittingReport",
     "PrecisionPolicy",
     "ResumableLoader",
+    "ShardSampler",
     "Trainer",
     "TrainerConfig",
     "TrainwiseError",
@@ -98,6 +104,8 @@ __all__ = [
     "freeze",
     "frozen_norm_layers",
     "get_rng_state",
+    "init_distributed",
+    "is_main_process",
     "load_checkpoint",
     "load_exported",
     "load_weights",
@@ -115,6 +123,8 @@ __all__ = [
     "seed_worker",
     "seeded_loader",
     "set_rng_state",
+    "shard_model",
+    "sharded_to_single_file",
     "split_batch",
     "unfreeze",
     "unwrap_model",
@@ -134,21 +144,32 @@ def __dir__() -> list[str]:
     return __all__
 
 
-if TYPE_CHECKING:  # for type checkers and IDEs
+if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
     from trainwise.accumulation import GradientAccumulator, accumulation_steps
     from trainwise.batches import call_model, count_items, split_batch
+    from trainwise.checkpoint.io import safe_load
+    from trainwise.checkpoint.loader import ResumableLoader
+    from trainwise.checkpoint.manager import CheckpointManager, find_resume_checkpoint
+    from trainwise.checkpoint.state import load_checkpoint, save_checkpoint
+    from trainwise.checkpoint.weights import LoadReport, WeightsMismatchError, load_weights, save_weights
     from trainwise.config import TrainerConfig
-    from trainwise.device import (
-        DeviceChoice,
-        PrecisionPolicy,
-        move_to_device,
-        resolve_device,
-        resolve_precision,
+    from trainwise.device import DeviceChoice, PrecisionPolicy, move_to_device, resolve_device, resolve_precision
+    from trainwise.diagnosis import OverfittingReport, detect_overfitting
+    from trainwise.distributed import (
+        ShardSampler,
+        init_distributed,
+        is_main_process,
+        shard_model,
+        sharded_to_single_file,
     )
+    from trainwise.early_stopping import EarlyStopping
     from trainwise.errors import NonFiniteLossError, TrainwiseError
     from trainwise.evaluation import evaluating
+    from trainwise.exporting import ExportReport, export, load_exported
+    from trainwise.freezing import extend_optimizer, freeze, frozen_norm_layers, param_groups, unfreeze
     from trainwise.guards import NonFiniteLossGuard, UnoptimizedParameterWarning, check_optimizer_covers
     from trainwise.metrics import Accuracy, Mean, MetricSet
+    from trainwise.plots import plot_learning_curves
     from trainwise.seeding import (
         get_rng_state,
         loader_generator,
@@ -159,3 +180,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs
         set_rng_state,
     )
     from trainwise.trainer import FitResult, Trainer
+    from trainwise.wrappers import unwrap_model

@@ -70,7 +70,9 @@ class GradientAccumulator:
 
     ``step`` divides the gradients by the window's total count, unscales them (fp16), clips them, steps
     the optimizer (skipped, as GradScaler does, when gradients are inf/NaN), steps the scheduler once per
-    optimizer step and zeroes the gradients with ``set_to_none=True``.
+    optimizer step and zeroes the gradients with ``set_to_none=True``. With ``distributed=True`` (under
+    DDP or FSDP) it divides by the window's count summed over all processes instead, so the result is the
+    gradient of the global batch even when processes count different numbers of samples or tokens.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class GradientAccumulator:
         scaler: torch.amp.GradScaler | None = None,
         max_grad_norm: float | None = None,
         skip_nonfinite: bool = False,
+        distributed: bool = False,
     ) -> None:
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise TrainwiseError(f"accumulation steps must be a positive integer, got {steps!r}.")
@@ -93,6 +96,10 @@ class GradientAccumulator:
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.max_grad_norm = max_grad_norm
         self.skip_nonfinite = skip_nonfinite
+        # Under DDP: divide by the count summed over every process (one all-reduce of a scalar tensor per
+        # window, no host sync) and undo DDP's mean over processes, so that unequal per-process counts (a
+        # short last batch, token counts) still give the gradient of the global batch.
+        self.distributed = distributed
         self.micro_batches = 0  # in the current window
         self.optimizer_steps = 0  # optimizer steps taken (skipped ones excluded)
         self.skipped_steps = 0
@@ -124,7 +131,7 @@ class GradientAccumulator:
             count = count.detach()
         elif not count > 0:
             raise TrainwiseError(f"count must be the positive number of items behind the loss, got {count!r}.")
-        if self.steps == 1 and reduction == "mean" and not isinstance(count, torch.Tensor):
+        if self.steps == 1 and reduction == "mean" and not isinstance(count, torch.Tensor) and not self.distributed:
             # A one-micro-batch window of a mean loss already has the right gradient: skip scaling by the
             # count and dividing it out again (a pass over every gradient that large models notice).
             total = loss
@@ -149,7 +156,7 @@ class GradientAccumulator:
         grads = [p.grad for p in params if p.grad is not None]
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        _divide_(grads, self._count)
+        _divide_(grads, self._global_count(grads) if self.distributed else self._count)
         stepped = True
         if self.max_grad_norm is not None:
             self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
@@ -174,6 +181,17 @@ class GradientAccumulator:
         self.micro_batches = 0
         self._count = 0
         return stepped
+
+    def _global_count(self, grads: list[torch.Tensor]) -> torch.Tensor | int | float:
+        """The window's count over all processes divided by their number (DDP already averaged the sums)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return self._count
+        device = grads[0].device if grads else torch.device("cpu")
+        count = torch.as_tensor(self._count, dtype=torch.float64, device=device).clone()
+        dist.all_reduce(count, op=dist.ReduceOp.SUM)
+        return count / dist.get_world_size()
 
     def sync_context(self, model: torch.nn.Module, *, last: bool) -> contextlib.AbstractContextManager[None]:
         """Under DDP, skip the gradient all-reduce for every micro-batch but the last of a window."""

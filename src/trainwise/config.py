@@ -49,6 +49,8 @@ class TrainerConfig:
     checkpoint_every: int | None = None  # optimizer steps between mid-epoch checkpoints (one per epoch always)
     keep_last: int = 2  # checkpoints kept besides the best
     checkpoints: bool = True  # write checkpoints to run_dir/checkpoints
+    distributed: Literal["auto", "ddp", "fsdp", "off"] = "auto"  # under torchrun: auto/ddp wrap in DDP, fsdp shards
+    dist_timeout: float = 300.0  # seconds a collective waits for another process before raising (a dead rank)
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(TrainerConfig)
@@ -74,6 +76,8 @@ class TrainerConfig:
             raise TrainwiseError(f"min_delta must be 0 or more, got {self.min_delta}.")
         if self.unfreeze_at is not None:
             self.unfreeze_at = {int(k): list(v) for k, v in self.unfreeze_at.items()}
+        if self.dist_timeout <= 0:
+            raise TrainwiseError(f"dist_timeout must be a positive number of seconds, got {self.dist_timeout}.")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise TrainwiseError(f"max_grad_norm must be positive or unset, got {self.max_grad_norm}.")
 

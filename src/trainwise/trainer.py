@@ -24,6 +24,23 @@ from trainwise.checkpoint.state import restore_checkpoint
 from trainwise.config import TrainerConfig
 from trainwise.device import move_to_device, pin_memory_default, resolve_device, resolve_precision
 from trainwise.diagnosis import OverfittingReport, detect_overfitting
+from trainwise.distributed import (
+    DistributedInfo,
+    any_rank,
+    barrier,
+    broadcast_flag,
+    broadcast_object,
+    close_distributed,
+    global_metric_values,
+    init_distributed,
+    is_sharded,
+    local_device,
+    save_sharded,
+    set_sampler_epoch,
+    shard_loader,
+    shard_model,
+    wrap_ddp,
+)
 from trainwise.early_stopping import EarlyStopping, metric_mode
 from trainwise.errors import NonFiniteLossError, TrainwiseError
 from trainwise.evaluation import evaluating
@@ -113,6 +130,8 @@ class Trainer:
         checkpoint_every: int | None = None,
         keep_last: int = 2,
         checkpoints: bool = True,
+        distributed: Literal["auto", "ddp", "fsdp", "off"] = "auto",
+        dist_timeout: float = 300.0,
         optimizer: OptimizerArg = None,
         scheduler: Any = None,
         loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
@@ -125,6 +144,7 @@ class Trainer:
         self.scheduler = scheduler
         self.loss_fn = loss_fn if loss_fn is not None else torch.nn.functional.cross_entropy
         self.split_batch = split_batch if split_batch is not None else default_split_batch
+        self._dist = DistributedInfo()  # set by fit() under torchrun
 
     @classmethod
     def from_config(cls, config: TrainerConfig, **objects: Any) -> Trainer:
@@ -165,6 +185,13 @@ class Trainer:
         raise TrainwiseError(f"scheduler must be a scheduler or a factory of one, got {type(sched).__name__}.")
 
     def _loader(self, data: Any, *, train: bool, device: torch.device) -> Iterable[Any]:
+        loader = self._local_loader(data, train=train, device=device)
+        if self._dist.enabled and isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
+            # this process's shard: DistributedSampler for training, every sample once (no padding) for eval
+            loader = shard_loader(loader, train=train, seed=self.config.seed)
+        return loader
+
+    def _local_loader(self, data: Any, *, train: bool, device: torch.device) -> Iterable[Any]:
         cfg = self.config
         if isinstance(data, DataLoader):
             return prepare_loader(data, seed=cfg.seed) if train else data
@@ -205,14 +232,24 @@ class Trainer:
             return self._fit(model, train_data, val_data)
         finally:
             _restore_determinism(determinism)  # deterministic=True holds for this fit only
+            close_distributed(self._dist)  # only a process group this fit created
+            self._dist = DistributedInfo()
 
     def _fit(self, model: torch.nn.Module, train_data: Any, val_data: Any) -> FitResult:
         cfg = self.config
         started = time.perf_counter()
         seed_everything(cfg.seed, deterministic=cfg.deterministic)
         device = resolve_device(cfg.device).device
+        if cfg.distributed != "off":  # under torchrun: join the process group (a no-op for one process)
+            self._dist = dist_info = init_distributed(local_device(device), timeout=cfg.dist_timeout)
+            if dist_info.enabled:
+                device = local_device(device)
+        dist_info = self._dist
+        sharded = dist_info.enabled and cfg.distributed == "fsdp"
         precision = resolve_precision(cfg.precision, device)
         model.to(device)
+        if sharded:
+            shard_model(model)  # FSDP2, in place, before the optimizer sees the parameters
         optimizer = self._optimizer(model)
         scheduler = self._scheduler(optimizer)
         plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
@@ -225,10 +262,20 @@ class Trainer:
             scaler=precision.make_scaler(),
             max_grad_norm=cfg.max_grad_norm,
             skip_nonfinite=cfg.nonfinite == "skip",
+            distributed=dist_info.enabled,
         )
         forward_model = torch.compile(model) if cfg.compile else model
+        eval_model = forward_model
+        if dist_info.enabled and not sharded:
+            # DDP for training; validation runs on the module itself (no per-batch collective, so the
+            # unequal eval shards cannot hang), and its metrics are summed over processes at the end
+            wrapped = wrap_ddp(model, device)
+            forward_model = torch.compile(wrapped) if cfg.compile else wrapped
         run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir()
-        log = RunLog(run_dir)
+        if dist_info.enabled:
+            run_dir = Path(broadcast_object(str(run_dir)))  # rank 0's clock names the run
+        log = RunLog(run_dir) if dist_info.is_main else _NullLog(run_dir)  # only rank 0 writes
+        log.write({"kind": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": cfg.resume})
         log.write_json(
             "config.json",
             {
@@ -240,16 +287,17 @@ class Trainer:
                 "torch": torch.__version__,
             },
         )
-        progress = make_progress(cfg.progress)
+        progress = make_progress(cfg.progress if dist_info.is_main else "off")
         stopper = None
         if cfg.patience is not None:
+            keep = cfg.keep_best if dist_info.is_main else "memory"  # one writer of the best-weights file
             stopper = EarlyStopping(
                 cfg.monitor,
                 mode=cfg.mode,
                 patience=cfg.patience,
                 min_delta=cfg.min_delta,
-                keep=cfg.keep_best,
-                path=run_dir / "best-weights.pt" if cfg.keep_best == "disk" else None,
+                keep=keep,
+                path=run_dir / "best-weights.pt" if keep == "disk" else None,
             )
         state = _LoopState(
             device=device,
@@ -266,7 +314,8 @@ class Trainer:
             if item is not None:
                 resumable[name] = item
         state.resumable = resumable
-        if cfg.checkpoints:
+        state.dist = dist_info
+        if cfg.checkpoints and dist_info.is_main:
             state.manager = CheckpointManager(run_dir, keep_last=cfg.keep_last, monitor=cfg.monitor,
                                               mode=metric_mode(cfg.monitor) if cfg.mode == "auto" else cfg.mode)
         resume_from = find_resume_checkpoint(cfg.resume, run_dir)
@@ -280,6 +329,8 @@ class Trainer:
                     unfreeze(model, *cfg.unfreeze_at[epoch])  # type: ignore[index]
                     extend_optimizer(optimizer, model, lr_by_pattern=cfg.lr_by_pattern, scheduler=scheduler)
             restore_checkpoint(checkpoint, resumable)  # in place; the RNG states last
+            if not dist_info.is_main:
+                state.metrics.reset()  # the checkpoint holds the sums over all processes: rank 0 carries them
             state.loop = resumable["loop"]
             progress.message(
                 f"resumed from {resume_from} at epoch {state.loop['epoch']}, step {accumulator.optimizer_steps}"
@@ -297,10 +348,11 @@ class Trainer:
                 if not train_loader.resume_offset:  # a resumed epoch already unfroze what it had to
                     self._unfreeze_scheduled(epoch, model, optimizer, scheduler, progress, log)
                 record: dict[str, float] = {"epoch": epoch}
+                set_sampler_epoch(train_loader, epoch)  # a new shuffle each epoch, the same on every rank
                 train_values = self._train_epoch(model, forward_model, train_loader, precision, state, epoch)
                 record.update({f"train_{k}": v for k, v in train_values.items()})
                 if val_loader is not None:
-                    val_values = self.validate(forward_model, val_loader, precision=precision, device=device)
+                    val_values = self.validate(eval_model, val_loader, precision=precision, device=device)
                     record.update({f"val_{k}": v for k, v in val_values.items()})
                 if plateau:
                     scheduler.step(record.get("val_loss", record["train_loss"]))
@@ -317,6 +369,8 @@ class Trainer:
                         state.loop["overfitting"] = dataclasses.asdict(outcome.overfitting)
                         log.write({"kind": "overfitting", **state.loop["overfitting"]})
                 stop = stopper is not None and stopper.update(epoch, record, model)
+                if dist_info.enabled:
+                    stop = broadcast_flag(stop, device=device)  # rank 0 decides; every rank stops together
                 state.loop["epoch"] = epoch + 1
                 self._checkpoint(state, metric=record.get(cfg.monitor))
                 if stop:
@@ -377,7 +431,7 @@ class Trainer:
         elif history:
             best_epoch, best_value = _best(history, cfg.monitor, cfg.mode)
         plot_path = None
-        if cfg.plot and history:
+        if cfg.plot and history and self._dist.is_main:
             try:
                 plot_path = plot_learning_curves(
                     history,
@@ -460,8 +514,8 @@ class Trainer:
         if accumulator.micro_batches:  # an iterable without len(): its last window is short
             self._optimizer_step(state, epoch)
         if cfg.nonfinite == "stop":
-            guard.check()
-        return metrics.compute()
+            _check_finite(state)
+        return global_metric_values(metrics)  # sums over every process (one all-reduce)
 
     def _optimizer_step(self, state: _LoopState, epoch: int) -> None:
         cfg, accumulator = self.config, state.accumulator
@@ -469,8 +523,8 @@ class Trainer:
         state.loop["windows"] += 1
         if state.loop["windows"] % cfg.log_every == 0:
             if cfg.nonfinite == "stop":
-                state.guard.check()
-            values = state.metrics.compute()  # one host sync per log interval
+                _check_finite(state)
+            values = global_metric_values(state.metrics)  # one host sync (and all-reduce) per log interval
             state.progress.show(values)
             lr = accumulator.optimizer.param_groups[0]["lr"]
             state.log.write({"kind": "train", "epoch": epoch, "step": accumulator.optimizer_steps, **values, "lr": lr})
@@ -479,13 +533,28 @@ class Trainer:
 
     def _checkpoint(self, state: _LoopState, *, metric: float | None = None) -> None:
         """Save the full state at an optimizer-step boundary, never after a non-finite loss."""
-        if state.manager is None:
+        if not self.config.checkpoints:
             return
         if self.config.nonfinite == "stop":
-            state.guard.check()
-        state.manager.save(
-            state.resumable, step=state.accumulator.optimizer_steps, metric=metric, config=self.config.to_dict()
-        )
+            _check_finite(state)
+        resumable = state.resumable
+        if state.dist.enabled:
+            if is_sharded(resumable["model"]):
+                # FSDP: every rank writes its shards (torch.distributed.checkpoint); convert with
+                # trainwise.distributed.sharded_to_single_file. The Trainer does not resume from these yet.
+                folder = state.log.run_dir / "checkpoints" / f"sharded-step{state.accumulator.optimizer_steps:09d}"
+                save_sharded(folder, resumable["model"], resumable["optimizer"])
+                return
+            # the running metrics summed over processes, so that a resume (rank 0 loads them) stays exact
+            reduced = MetricSet(state.device)
+            reduced.load_state_dict(state.metrics.state_dict())
+            reduced.all_reduce()
+            resumable = {**resumable, "metrics": reduced}
+        if state.manager is not None:  # rank 0 only, from the unwrapped module
+            state.manager.save(
+                resumable, step=state.accumulator.optimizer_steps, metric=metric, config=self.config.to_dict()
+            )
+        barrier()  # nobody goes on (or reads it) before the checkpoint is complete
 
     def validate(
         self,
@@ -519,8 +588,44 @@ class Trainer:
                     )
                 if use_accuracy:
                     metrics.accuracy("accuracy", ignore_index=cfg.ignore_index).update(outputs, targets)
-        metrics.all_reduce()
+        with torch.inference_mode():  # metrics made inside evaluating() hold inference tensors
+            metrics.all_reduce()
         return metrics.compute()
+
+
+def _check_finite(state: _LoopState) -> None:
+    """Raise NonFiniteLossError on every process when any process saw a NaN/inf loss (decided together)."""
+    if not state.dist.enabled:
+        state.guard.check()
+        return
+    try:
+        state.guard.check()
+        found = None
+    except NonFiniteLossError as exc:
+        found = exc
+    if any_rank(found is not None, device=state.device):
+        raise found or NonFiniteLossError(
+            "the training loss became non-finite on another process; lower the learning rate, clip gradients "
+            "(max_grad_norm) or use nonfinite='skip' to skip such steps.",
+            step=state.accumulator.optimizer_steps + 1,
+        )
+
+
+class _NullLog:
+    """The run log of a process other than rank 0: same calls, nothing written."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "metrics.jsonl"
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def write_json(self, name: str, payload: dict[str, Any]) -> Path:
+        return self.run_dir / name
+
+    def close(self) -> None:
+        pass
 
 
 def _close(progress: PlainProgress, log: RunLog) -> None:
@@ -556,6 +661,7 @@ class _LoopState:
     log: RunLog
     progress: PlainProgress
     manager: CheckpointManager | None = None
+    dist: DistributedInfo = dataclasses.field(default_factory=DistributedInfo)
     resumable: dict[str, Any] = dataclasses.field(default_factory=dict)
     loop: dict[str, Any] = dataclasses.field(
         default_factory=lambda: {"epoch": 1, "windows": 0, "history": [], "accuracy": None, "overfitting": None}

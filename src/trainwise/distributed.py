@@ -1,0 +1,364 @@
+"""torch.distributed for the same script on one process or many: torchrun detection, the process group,
+samplers that shard the data, decisions every rank agrees on, DDP and FSDP wrapping, sharded checkpoints.
+
+    python train.py                                   # one process: nothing here does anything
+    torchrun --standalone --nproc-per-node 2 train.py # two processes: DDP, sharded data, exact metrics
+
+Everything is plain ``torch.distributed`` (DDP, FSDP2 ``fully_shard``, ``torch.distributed.checkpoint``);
+trainwise only decides when to use it and keeps the fundamentals exact across processes. A collective that
+waits longer than ``timeout`` seconds for a peer (a crashed or killed process) raises instead of hanging.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+from trainwise.errors import TrainwiseError
+
+DEFAULT_TIMEOUT = 300.0  # seconds a collective waits for a peer before raising (a dead rank, a stuck one)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedInfo:
+    """Where this process stands: its rank, the number of processes, and whether trainwise made the group."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    created: bool = False  # the group was initialised here (and is destroyed here)
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def launched_by_torchrun() -> bool:
+    """True when torchrun (or any launcher setting ``RANK`` and ``WORLD_SIZE``) started more than one process."""
+    return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def is_distributed() -> bool:
+    """A process group with more than one process is initialised."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def get_rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def is_main_process() -> bool:
+    """Rank 0, or the only process: the one that writes files and prints."""
+    return get_rank() == 0
+
+
+def init_distributed(
+    device: torch.device | str | None = None, *, timeout: float = DEFAULT_TIMEOUT, backend: str | None = None
+) -> DistributedInfo:
+    """Join the process group torchrun describes (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``...).
+
+    Backend: nccl for a CUDA device, gloo otherwise. On CUDA the process uses ``cuda:LOCAL_RANK``. A group
+    that is already initialised (by the user) is used as it is. Without torchrun: a one-process no-op.
+    ``timeout`` bounds how long any collective waits for the other processes.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return DistributedInfo(dist.get_rank(), dist.get_world_size(), _local_rank(), created=False)
+    if not launched_by_torchrun():
+        return DistributedInfo()
+    if not dist.is_available():
+        raise TrainwiseError("this torch build has no torch.distributed; install a build with it to use torchrun.")
+    if not timeout > 0:
+        raise TrainwiseError(f"the distributed timeout must be a positive number of seconds, got {timeout!r}.")
+    device = torch.device(device) if device is not None else None
+    local_rank = _local_rank()
+    if backend is None:
+        backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    return DistributedInfo(dist.get_rank(), dist.get_world_size(), local_rank, created=True)
+
+
+def close_distributed(info: DistributedInfo) -> None:
+    """Destroy the process group if ``init_distributed`` created it (a user's own group is left alone)."""
+    if info.created and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def local_device(device: torch.device) -> torch.device:
+    """``cuda:LOCAL_RANK`` for a CUDA device under torchrun; any other device as it is."""
+    if device.type == "cuda" and launched_by_torchrun():
+        return torch.device("cuda", _local_rank())
+    return device
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+# -- agreement ---------------------------------------------------------------------------------------------
+
+
+def broadcast_flag(flag: bool, *, device: torch.device | str = "cpu", src: int = 0) -> bool:
+    """Rank ``src``'s decision, on every rank (one tiny broadcast; ``flag`` itself without a group)."""
+    if not is_distributed():
+        return bool(flag)
+    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.broadcast(tensor, src=src)
+    return bool(tensor.item())
+
+
+def any_rank(flag: bool, *, device: torch.device | str = "cpu") -> bool:
+    """True on every rank when ``flag`` is true on at least one (a MAX all-reduce)."""
+    if not is_distributed():
+        return bool(flag)
+    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+def broadcast_object(value: Any, *, src: int = 0) -> Any:
+    """Rank ``src``'s picklable ``value`` on every rank (e.g. a run folder name chosen by the clock)."""
+    if not is_distributed():
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=src)
+    return holder[0]
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op without a group)."""
+    if is_distributed():
+        dist.barrier()
+
+
+def global_metric_values(metrics: Any) -> dict[str, float]:
+    """``metrics.compute()`` over every process, leaving the local running sums untouched.
+
+    For running (training) metrics read mid-epoch: ``MetricSet.all_reduce`` replaces the local sums by the
+    global ones, which a later reduction would count again.
+    """
+    if not is_distributed():
+        return metrics.compute()
+    snapshot = type(metrics)(metrics.device)
+    snapshot.load_state_dict(metrics.state_dict())
+    snapshot.all_reduce()
+    return snapshot.compute()
+
+
+# -- data ----------------------------------------------------------------------------------------------------
+
+
+class ShardSampler(Sampler[int]):
+    """Rank ``r`` of ``W`` gets indices ``r, r+W, r+2W, ...`` in order: every sample exactly once, no padding.
+
+    For evaluation: shards may differ in length by one, which is fine because no collective runs per batch
+    (only the final sum of the metrics). ``DistributedSampler`` pads by repeating samples, which would count
+    them twice in a validation metric.
+    """
+
+    def __init__(self, dataset: Any, *, rank: int | None = None, world_size: int | None = None) -> None:
+        self.size = len(dataset)
+        self.rank = get_rank() if rank is None else rank
+        self.world_size = get_world_size() if world_size is None else world_size
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.size, self.world_size))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.size, self.world_size))
+
+
+def train_sampler(dataset: Dataset, *, shuffle: bool, seed: int, drop_last: bool = False) -> DistributedSampler:
+    """The training shard of this rank: ``DistributedSampler`` seeded identically on every rank.
+
+    Call ``set_sampler_epoch(loader, epoch)`` before every epoch, or every epoch repeats the same order.
+    """
+    return DistributedSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
+
+
+def set_sampler_epoch(loader: Any, epoch: int) -> bool:
+    """Tell a loader's sampler (``DistributedSampler`` or any with ``set_epoch``) which epoch starts."""
+    for holder in (loader, getattr(loader, "loader", None)):  # ResumableLoader wraps the DataLoader
+        for sampler in (getattr(holder, "sampler", None), getattr(getattr(holder, "batch_sampler", None),
+                                                                  "sampler", None)):
+            if callable(getattr(sampler, "set_epoch", None)):
+                sampler.set_epoch(epoch)
+                return True
+    return False
+
+
+def shard_loader(loader: DataLoader, *, train: bool, seed: int, drop_last: bool | None = None) -> DataLoader:
+    """The same DataLoader with its sampler replaced by this rank's shard (training or evaluation).
+
+    A loader whose sampler is already distributed (has ``set_epoch``), or that uses a custom batch sampler,
+    is returned unchanged: it shards itself.
+    """
+    from torch.utils.data import RandomSampler
+
+    sampler = loader.sampler
+    custom_batches = loader.batch_sampler is not None and loader.batch_size is None
+    if callable(getattr(sampler, "set_epoch", None)) or custom_batches:
+        return loader
+    if train:
+        new: Sampler[int] = train_sampler(
+            loader.dataset, shuffle=isinstance(sampler, RandomSampler), seed=seed,
+            drop_last=loader.drop_last if drop_last is None else drop_last,
+        )
+    else:
+        new = ShardSampler(loader.dataset)
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=new,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+        persistent_workers=loader.persistent_workers,
+    )
+
+
+# -- models --------------------------------------------------------------------------------------------------
+
+
+def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``DistributedDataParallel`` around ``model`` (already on ``device``); the model itself is unchanged."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def _fully_shard() -> Any:
+    try:
+        from torch.distributed.fsdp import fully_shard  # torch >= 2.6
+    except ImportError:  # pragma: no cover - older torch
+        from torch.distributed._composable.fsdp import fully_shard
+    return fully_shard
+
+
+def shard_model(model: torch.nn.Module, *, layers: tuple[type[torch.nn.Module], ...] | None = None) -> torch.nn.Module:
+    """Shard ``model`` in place with FSDP2 ``fully_shard``: each child with parameters, then the root.
+
+    ``layers``: the module types to shard one by one (transformer blocks, say); default every direct child
+    that owns parameters. Parameters become ``DTensor`` shards; build the optimizer afterwards.
+    """
+    fully_shard = _fully_shard()
+    if layers is None:
+        targets = [child for child in model.children() if any(True for _ in child.parameters())]
+    else:
+        targets = [m for m in model.modules() if isinstance(m, layers) and m is not model]
+    for module in targets:
+        fully_shard(module)
+    fully_shard(model)
+    return model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """True for a model sharded with ``fully_shard`` (its parameters are DTensors)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover
+        return False
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def save_sharded(path: str | os.PathLike[str], model: torch.nn.Module, optimizer: Any = None) -> Path:
+    """Every rank writes its shards to the folder ``path`` with ``torch.distributed.checkpoint`` (collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path = Path(path)
+    if optimizer is None:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        state = {"model": get_model_state_dict(model)}
+    else:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+    dcp.save(state, checkpoint_id=str(path))
+    return path
+
+
+def load_sharded(path: str | os.PathLike[str], model: torch.nn.Module, optimizer: Any = None) -> None:
+    """Load a folder written by :func:`save_sharded` into a model sharded the same or another way (collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer if optimizer is not None else [])
+    state: dict[str, Any] = {"model": model_state}
+    if optimizer is not None:
+        state["optimizer"] = optim_state
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=state["model"],
+                   optim_state_dict=state.get("optimizer", {}))
+
+
+def sharded_to_single_file(folder: str | os.PathLike[str], output: str | os.PathLike[str]) -> dict[str, Any]:
+    """Convert a sharded checkpoint folder to one ``torch.save`` file of the model's plain state dict.
+
+    Runs in one process, no process group needed. The result loads with ``load_weights`` into a plain model.
+    """
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from trainwise.checkpoint.io import safe_load
+
+    folder, output = Path(folder), Path(output)
+    full = output.with_name(f".{output.name}.all")
+    dcp_to_torch_save(folder, full)
+    state = safe_load(full)
+    model_state = state.get("model", state)
+    torch.save(model_state, output)
+    full.unlink()
+    return model_state
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "DistributedInfo",
+    "ShardSampler",
+    "any_rank",
+    "barrier",
+    "broadcast_flag",
+    "broadcast_object",
+    "close_distributed",
+    "get_rank",
+    "get_world_size",
+    "global_metric_values",
+    "init_distributed",
+    "is_distributed",
+    "is_main_process",
+    "is_sharded",
+    "launched_by_torchrun",
+    "load_sharded",
+    "local_device",
+    "save_sharded",
+    "set_sampler_epoch",
+    "shard_loader",
+    "shard_model",
+    "sharded_to_single_file",
+    "train_sampler",
+]
