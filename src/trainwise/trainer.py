@@ -571,9 +571,14 @@ class Trainer:
         metrics = MetricSet(device)
         loss_metric = metrics.mean("loss")
         use_accuracy: bool | None = None
+        # FSDP gathers parameters in every forward, so every process must run as many forwards: a process
+        # with a shorter validation shard repeats its last batch and discards the result.
+        padding = _validation_padding(model, loader, device)
+        last_inputs = None
         with evaluating(model):
             for batch in loader:
                 inputs, targets = self.split_batch(move_to_device(batch, device))
+                last_inputs = inputs
                 with precision.autocast():
                     outputs = call_model(model, inputs)
                     loss = self.loss_fn(outputs, targets)
@@ -588,9 +593,31 @@ class Trainer:
                     )
                 if use_accuracy:
                     metrics.accuracy("accuracy", ignore_index=cfg.ignore_index).update(outputs, targets)
+            for _ in range(padding):
+                if last_inputs is None:
+                    raise TrainwiseError(
+                        "a process got no validation batch under FSDP; use a validation set with at least as "
+                        "many batches as processes."
+                    )
+                with precision.autocast():
+                    call_model(model, last_inputs)
         with torch.inference_mode():  # metrics made inside evaluating() hold inference tensors
+            if self._dist.enabled and any_rank(bool(use_accuracy), device=device):
+                metrics.accuracy("accuracy", ignore_index=cfg.ignore_index)  # the same metrics on every process
             metrics.all_reduce()
         return metrics.compute()
+
+
+def _validation_padding(model: torch.nn.Module, loader: Any, device: torch.device) -> int:
+    """Extra forwards this process runs so that all match the longest validation shard (FSDP only)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or not is_sharded(model) or not hasattr(loader, "__len__"):
+        return 0
+    count = torch.tensor([len(loader)], dtype=torch.int64, device=device)
+    longest = count.clone()
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+    return int(longest.item() - count.item())
 
 
 def _check_finite(state: _LoopState) -> None:

@@ -59,7 +59,10 @@ def main() -> None:
         net = KillAt(net, rank=1, call=3)
     train = DataLoader(data(30, 0), batch_size=args.batch, shuffle=False)  # shuffle=False: comparable order
     trainer = Trainer(
-        epochs=args.epochs, batch_size=args.batch, eval_batch_size=4, accumulation_steps=2, device="cpu",
+        # under FSDP, eval batches of 5 give the two processes 3 and 2 validation batches (11 and 10 samples):
+        # the shorter shard must pad its forwards, or FSDP's per-forward all-gather would hang
+        epochs=args.epochs, batch_size=args.batch, eval_batch_size=5 if args.mode == "fsdp" else 4,
+        accumulation_steps=2, device="cpu",
         precision="fp32", progress="off", plot=False, diagnose=False, log_every=1, run_dir=args.run_dir,
         resume=args.resume, distributed="fsdp" if args.mode == "fsdp" else "auto", dist_timeout=5.0,
         optimizer=lambda params: torch.optim.SGD(params, lr=0.5), patience=5,
