@@ -19,6 +19,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m ruff check .
+	$(BIN)/trainwise doctor src examples benchmarks
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -34,6 +34,7 @@ from trainwise.distributed import (
     global_metric_values,
     init_distributed,
     is_sharded,
+    load_sharded,
     local_device,
     save_sharded,
     set_sampler_epoch,
@@ -328,7 +329,14 @@ class Trainer:
                 if epoch < saved["loop"]["epoch"] or (mid_epoch and epoch == saved["loop"]["epoch"]):
                     unfreeze(model, *cfg.unfreeze_at[epoch])  # type: ignore[index]
                     extend_optimizer(optimizer, model, lr_by_pattern=cfg.lr_by_pattern, scheduler=scheduler)
-            restore_checkpoint(checkpoint, resumable)  # in place; the RNG states last
+            if "sharded" in saved:  # FSDP: model and optimizer come from the sharded folder beside the file
+                folder = Path(resume_from).parent / saved["sharded"]
+                load_sharded(folder, resumable["model"], resumable["optimizer"])  # collective
+                rest = {**_without_model(resumable), "sharded": None}
+                restore_checkpoint(checkpoint, rest)  # plain values (the loop state) come back in `rest`
+                resumable.update({k: v for k, v in rest.items() if k != "sharded"})
+            else:
+                restore_checkpoint(checkpoint, resumable)  # in place; the RNG states last
             if not dist_info.is_main:
                 state.metrics.reset()  # the checkpoint holds the sums over all processes: rank 0 carries them
             state.loop = resumable["loop"]
@@ -538,22 +546,23 @@ class Trainer:
         if self.config.nonfinite == "stop":
             _check_finite(state)
         resumable = state.resumable
+        step = state.accumulator.optimizer_steps
         if state.dist.enabled:
-            if is_sharded(resumable["model"]):
-                # FSDP: every rank writes its shards (torch.distributed.checkpoint); convert with
-                # trainwise.distributed.sharded_to_single_file. The Trainer does not resume from these yet.
-                folder = state.log.run_dir / "checkpoints" / f"sharded-step{state.accumulator.optimizer_steps:09d}"
-                save_sharded(folder, resumable["model"], resumable["optimizer"])
-                return
             # the running metrics summed over processes, so that a resume (rank 0 loads them) stays exact
             reduced = MetricSet(state.device)
             reduced.load_state_dict(state.metrics.state_dict())
             reduced.all_reduce()
             resumable = {**resumable, "metrics": reduced}
+            if is_sharded(resumable["model"]):
+                # FSDP: every rank writes its shards of the model and optimizer (torch.distributed.checkpoint);
+                # rank 0 writes the rest beside them in the usual checkpoint file, which names the folder
+                folder = f"sharded-step{step:09d}"
+                save_sharded(state.log.run_dir / "checkpoints" / folder, resumable["model"], resumable["optimizer"])
+                resumable = {**_without_model(resumable), "sharded": folder}
         if state.manager is not None:  # rank 0 only, from the unwrapped module
-            state.manager.save(
-                resumable, step=state.accumulator.optimizer_steps, metric=metric, config=self.config.to_dict()
-            )
+            state.manager.save(resumable, step=step, metric=metric, config=self.config.to_dict())
+            if "sharded" in resumable:
+                _prune_sharded(state.manager)
         barrier()  # nobody goes on (or reads it) before the checkpoint is complete
 
     def validate(
@@ -606,6 +615,21 @@ class Trainer:
                 metrics.accuracy("accuracy", ignore_index=cfg.ignore_index)  # the same metrics on every process
             metrics.all_reduce()
         return metrics.compute()
+
+
+def _without_model(resumable: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint entries an FSDP run keeps in the plain file (model and optimizer are sharded)."""
+    return {k: v for k, v in resumable.items() if k not in ("model", "optimizer")}
+
+
+def _prune_sharded(manager: CheckpointManager) -> None:
+    """Delete sharded folders whose checkpoint file the manager no longer keeps (rank 0)."""
+    import shutil
+
+    kept = {path.name.removeprefix("ckpt-").removesuffix(".pt") for path in manager.checkpoints()}
+    for folder in manager.folder.glob("sharded-step*"):
+        if folder.is_dir() and folder.name.removeprefix("sharded-") not in kept:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _validation_padding(model: torch.nn.Module, loader: Any, device: torch.device) -> int:

@@ -111,11 +111,15 @@ def test_fsdp_shards_train_like_one_process_and_convert_to_one_file(single: dict
     from trainwise import sharded_to_single_file
 
     run = tmp_path / "run"
-    _torchrun(str(tmp_path / "fsdp.pt"), str(run), "--mode", "fsdp", "--epochs", "3")
+    _torchrun(str(tmp_path / "fsdp2.pt"), str(run), "--mode", "fsdp", "--epochs", "2")
+    # resume the sharded run for a third epoch: model and optimizer from the shards, the rest from the file
+    _torchrun(str(tmp_path / "fsdp.pt"), str(run), "--mode", "fsdp", "--epochs", "3", "--resume", "auto")
     fsdp = torch.load(tmp_path / "fsdp.pt")
+    assert fsdp["steps"] == single["steps"] and len(fsdp["history"]) == 3
     assert fsdp["history"][-1]["val_accuracy"] == single["history"][-1]["val_accuracy"]
     folders = sorted((run / "checkpoints").glob("sharded-step*"))
-    assert folders, "no sharded checkpoint written"
+    kept = sorted(p.name for p in (run / "checkpoints").glob("ckpt-step*.pt"))
+    assert [f.name.removeprefix("sharded-") for f in folders] == [k[5:-3] for k in kept]  # pruned together
     state = sharded_to_single_file(folders[-1], tmp_path / "model.pt")
     plain = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
     load_weights(plain, str(tmp_path / "model.pt"), strict=True)

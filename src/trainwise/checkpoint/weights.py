@@ -306,7 +306,7 @@ def load_weights(model: torch.nn.Module, source: Any, *, strict: bool = True) ->
     if strict and not report.ok:
         raise WeightsMismatchError(report)
     if to_load:
-        model.load_state_dict(to_load, strict=False)
+        model.load_state_dict(to_load, strict=False)  # noqa: TW302 (the report above already compared the keys)
     if not report.ok:
         warnings.warn(f"load_weights: {report.summary()}; see the returned LoadReport.", UserWarning, stacklevel=2)
     return report
