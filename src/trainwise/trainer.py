@@ -247,6 +247,11 @@ class Trainer:
                 device = local_device(device)
         dist_info = self._dist
         sharded = dist_info.enabled and cfg.distributed == "fsdp"
+        if dist_info.enabled and cfg.unfreeze_at:
+            # DDP and FSDP fix the set of trainable parameters when they wrap the model
+            raise TrainwiseError(
+                "unfreeze_at is not supported with several processes; run each unfreezing phase as its own fit()."
+            )
         precision = resolve_precision(cfg.precision, device)
         model.to(device)
         if sharded:
