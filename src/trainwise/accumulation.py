@@ -112,9 +112,9 @@ class GradientAccumulator:
         return self.micro_batches >= self.steps
 
     @property
-    def window_count(self) -> torch.Tensor | int | float:
-        """Items (samples or tokens) accumulated in the current window."""
-        return self._count
+    def windows(self) -> int:
+        """Windows finished so far: optimizer steps taken plus those skipped for non-finite gradients."""
+        return self.optimizer_steps + self.skipped_steps
 
     def backward(
         self,
@@ -232,10 +232,4 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
 
 
-def window_sizes(num_batches: int, steps: int) -> list[int]:
-    """How many micro-batches each optimizer step of an epoch takes (the last window may be short)."""
-    full, rest = divmod(num_batches, steps)
-    return [steps] * full + ([rest] if rest else [])
-
-
-__all__ = ["GradientAccumulator", "accumulation_steps", "check_loss", "window_sizes"]
+__all__ = ["GradientAccumulator", "accumulation_steps", "check_loss"]

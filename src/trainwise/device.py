@@ -12,7 +12,6 @@ import torch
 from trainwise.errors import TrainwiseError
 
 _NULL_CONTEXT = contextlib.nullcontext()
-PrecisionName = Literal["auto", "bf16", "fp16", "fp32"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from trainwise.errors import TrainwiseError
+from trainwise.seeding import rebuild_loader
 
 DEFAULT_TIMEOUT = 300.0  # seconds a collective waits for a peer before raising (a dead rank, a stuck one)
 
@@ -223,21 +224,7 @@ def shard_loader(loader: DataLoader, *, train: bool, seed: int, drop_last: bool 
         )
     else:
         new = ShardSampler(loader.dataset)
-    return DataLoader(
-        loader.dataset,
-        batch_size=loader.batch_size,
-        sampler=new,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
-        persistent_workers=loader.persistent_workers,
-    )
+    return rebuild_loader(loader, sampler=new, worker_init_fn=loader.worker_init_fn, generator=loader.generator)
 
 
 # -- models --------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from trainwise.checkpoint.io import atomic_torch_save
 from trainwise.errors import TrainwiseError
 from trainwise.wrappers import unwrap_model as _unwrap
 
@@ -109,12 +110,7 @@ class EarlyStopping:
             return
         assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.path)
+        atomic_torch_save(state, self.path)
 
     def restore(self, model: nn.Module) -> int | None:
         """Load the best epoch's weights into ``model``; returns that epoch (None if nothing was kept)."""

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from trainwise import __version__
+from trainwise.checkpoint.io import atomic_write_json
 from trainwise.errors import TrainwiseError
 from trainwise.evaluation import restore_training_modes, training_modes
 
@@ -208,7 +209,7 @@ def export(
                 os.replace(produced, target.parent / produced.name)
     finally:
         restore_training_modes(model, modes)
-    _write_json_atomic(report.sidecar, metadata)
+    atomic_write_json(report.sidecar, metadata, sort_keys=False)
     report.seconds = round(time.perf_counter() - started, 3)
     return report
 
@@ -787,22 +788,6 @@ def _read_sidecar(artifact: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise TrainwiseError(f"sidecar {sidecar} is unreadable ({exc}); delete it or export again.") from None
     return data if isinstance(data, dict) else {}
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600; a sidecar is as readable as its artifact
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2)
-            handle.write("\n")
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
 
 
 def _require(package: str, purpose: str) -> types.ModuleType:

@@ -63,9 +63,8 @@ def plot_learning_curves(
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     figure.tight_layout()
+    from trainwise.checkpoint.io import atomic_write
+
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp.png")
-    figure.savefig(tmp, format="png")
-    os.replace(tmp, target)
-    return target
+    return atomic_write(target, lambda file: figure.savefig(file, format="png"))

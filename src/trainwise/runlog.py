@@ -43,11 +43,9 @@ class RunLog:
 
     def write_json(self, name: str, payload: dict[str, Any]) -> Path:
         """Write a small JSON file in the run folder atomically (temp file, then rename)."""
-        target = self.run_dir / name
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
-        os.replace(tmp, target)
-        return target
+        from trainwise.checkpoint.io import atomic_write_json
+
+        return atomic_write_json(self.run_dir / name, payload, sort_keys=False)
 
     def close(self) -> None:
         if not self._file.closed:

@@ -115,6 +115,14 @@ def prepare_loader(loader: DataLoader, *, seed: int) -> DataLoader:
         sampler = _sampler(loader.dataset, shuffle=True, seed=seed)
     else:
         sampler = loader.sampler  # sequential, or the user's own
+    return rebuild_loader(loader, sampler=sampler, worker_init_fn=init, generator=loader_generator(seed))
+
+
+def rebuild_loader(
+    loader: DataLoader, *, sampler: Any, worker_init_fn: Any = None, generator: torch.Generator | None = None
+) -> DataLoader:
+    """The same DataLoader (dataset, batch size, workers, collate, pinning...) with another sampler, worker
+    initialiser and generator."""
     return DataLoader(
         loader.dataset,
         batch_size=loader.batch_size,
@@ -124,9 +132,9 @@ def prepare_loader(loader: DataLoader, *, seed: int) -> DataLoader:
         pin_memory=loader.pin_memory,
         drop_last=loader.drop_last,
         timeout=loader.timeout,
-        worker_init_fn=init,
+        worker_init_fn=worker_init_fn,
         multiprocessing_context=loader.multiprocessing_context,
-        generator=loader_generator(seed),
+        generator=generator,
         prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
         persistent_workers=loader.persistent_workers,
     )

@@ -533,15 +533,14 @@ class Trainer:
     def _optimizer_step(self, state: _LoopState, epoch: int) -> None:
         cfg, accumulator = self.config, state.accumulator
         accumulator.step()
-        state.loop["windows"] += 1
-        if state.loop["windows"] % cfg.log_every == 0:
+        if accumulator.windows % cfg.log_every == 0:
             if cfg.nonfinite == "stop":
                 _check_finite(state)
             values = global_metric_values(state.metrics)  # one host sync (and all-reduce) per log interval
             state.progress.show(values)
             lr = accumulator.optimizer.param_groups[0]["lr"]
             state.log.write({"kind": "train", "epoch": epoch, "step": accumulator.optimizer_steps, **values, "lr": lr})
-        if cfg.checkpoint_every and state.loop["windows"] % cfg.checkpoint_every == 0:
+        if cfg.checkpoint_every and accumulator.windows % cfg.checkpoint_every == 0:
             self._checkpoint(state)
 
     def _checkpoint(self, state: _LoopState, *, metric: float | None = None) -> None:
@@ -720,7 +719,7 @@ class _LoopState:
     dist: DistributedInfo = dataclasses.field(default_factory=DistributedInfo)
     resumable: dict[str, Any] = dataclasses.field(default_factory=dict)
     loop: dict[str, Any] = dataclasses.field(
-        default_factory=lambda: {"epoch": 1, "windows": 0, "history": [], "accuracy": None, "overfitting": None}
+        default_factory=lambda: {"epoch": 1, "history": [], "accuracy": None, "overfitting": None}
     )
 
 

@@ -50,7 +50,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     path = Path(path)
     folder = path.parent
     if path.is_dir():
-        raise TrainwiseError(f"{path} is a directory; give a file name to write the checkpoint to.")
+        raise TrainwiseError(f"{path} is a directory; give a file name to write to.")
     if not folder.is_dir():
         raise TrainwiseError(f"folder {folder} does not exist; create it first or choose another path.")
     temp = folder / f".{path.name}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
@@ -73,9 +73,10 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     return atomic_write(path, lambda file: file.write(data))
 
 
-def atomic_write_json(path: str | os.PathLike[str], value: Any) -> Path:
-    """Write ``value`` as indented JSON to ``path`` atomically."""
-    return atomic_write_bytes(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode())
+def atomic_write_json(path: str | os.PathLike[str], value: Any, *, sort_keys: bool = True) -> Path:
+    """Write ``value`` as indented JSON to ``path`` atomically (values JSON lacks are written as strings)."""
+    text = json.dumps(value, indent=2, sort_keys=sort_keys, default=str) + "\n"
+    return atomic_write_bytes(path, text.encode())
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:

@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -264,21 +262,12 @@ def _save_outputs(path: Path, names: list[str], results: list[Any]) -> Path:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise TrainwiseError(f"folder {folder} does not exist; create it first or choose another --output.")
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            if suffix == ".npy":
-                np.save(handle, results[0])
-            else:
-                np.savez(handle, **dict(zip(names, results)))
-            handle.flush()
-            os.fsync(handle.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    return path
+    from trainwise.checkpoint.io import atomic_write
+
+    def write(handle: Any) -> None:
+        if suffix == ".npy":
+            np.save(handle, results[0])
+        else:
+            np.savez(handle, **dict(zip(names, results)))
+
+    return atomic_write(path, write)

@@ -368,6 +368,7 @@ def build(config: FitConfig) -> tuple[Any, Any, Any, Any]:
 
 def train(config: FitConfig) -> dict[str, Any]:
     """Build everything, record the resolved configuration in the run folder as fit.json, train; a summary."""
+    from trainwise.checkpoint.io import atomic_write_json
     from trainwise.runlog import default_run_dir
 
     if config.trainer.run_dir is None:  # resolve it now so that fit.json lands in the same folder
@@ -375,9 +376,7 @@ def train(config: FitConfig) -> dict[str, Any]:
     model, train_data, val_data, trainer = build(config)
     run_dir = Path(config.trainer.run_dir or "")
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "fit.json").write_text(
-        json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8"
-    )
+    atomic_write_json(run_dir / "fit.json", config.to_dict())
     result = trainer.fit(model, train_data, val_data)
     last = result.last
     return {

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Optional
 
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
+# Definitions whose bodies run at another time than the code around them.
+DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 # Names a fragment (a notebook cell, a snippet) may use without importing them.
 _IMPLICIT_MODULES = {"torch": "torch"}
@@ -138,6 +140,17 @@ class LoaderInfo:
     call: ast.Call | None
     one_sample_per_batch: bool
     custom_sampling: bool  # sampler/batch_sampler/drop_last: len(loader.dataset) may not be the sample count
+
+
+def walk_own(nodes: Iterable[ast.AST]) -> Iterator[ast.AST]:
+    """Every node in and below ``nodes``, nested function, lambda and class definitions excluded."""
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, DEFINITIONS):
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
 
 
 def dotted(node: ast.AST) -> str | None:
@@ -401,19 +414,14 @@ class Context:
     def qualname(self, node: ast.AST) -> str | None:
         """The fully qualified name behind a name or attribute, through import aliases (``nn.Linear`` ->
         ``torch.nn.Linear``); None when the root name is not imported (or is rebound locally)."""
-        parts = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name):
+        name = dotted(node)
+        if name is None:
             return None
-        root = self.aliases.get(node.id)
+        first, dot, rest = name.partition(".")
+        root = self.aliases.get(first) or _IMPLICIT_MODULES.get(first)
         if root is None:
-            root = _IMPLICIT_MODULES.get(node.id)
-            if root is None:
-                return None
-        parts.append(root)
-        return ".".join(reversed(parts))
+            return None
+        return root + dot + rest
 
     def callee(self, call: ast.Call) -> str | None:
         """The qualified name of what a call calls, else its dotted text, else None."""
@@ -801,6 +809,20 @@ class Context:
                     table.setdefault(fn.name, []).append(fn)  # type: ignore[attr-defined]
             self._cache[("functions", 0)] = table  # type: ignore[index]
         return table.get(name, [])  # type: ignore[union-attr]
+
+    def under_unknown_with(self, node: ast.AST, known: frozenset[str]) -> bool:
+        """True when a ``with`` around ``node`` (in its own function) names a context outside ``known``: it
+        may switch modes or autograd, so a rule that cannot tell stays silent."""
+        for parent in self.ancestors(node):
+            if isinstance(parent, DEFINITIONS):
+                return False
+            if isinstance(parent, (ast.With, ast.AsyncWith)):
+                for item in parent.items:
+                    expr = item.context_expr
+                    func = expr.func if isinstance(expr, ast.Call) else expr
+                    if last_name(func) not in known:
+                        return True
+        return False
 
     def calls_within(self, container: ast.AST) -> list[ast.Call]:
         """Every call inside ``container`` (nested functions, lambdas and comprehensions included)."""

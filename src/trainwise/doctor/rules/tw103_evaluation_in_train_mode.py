@@ -9,7 +9,6 @@ from trainwise.doctor.rule import Rule
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
-_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _TRANSPARENT_WITH = frozenset({"no_grad", "inference_mode", "autocast", "open", "device", "tqdm", "set_grad_enabled",
                                "profile", "record_function"})
 
@@ -101,7 +100,7 @@ class EvaluationInTrainMode(Rule):
             if self._mode_set_around(region, _sets_eval):
                 continue
             for call in calls:
-                if self._under_other_with(call) or self._loaded_model(call):
+                if self.ctx.under_unknown_with(call, _TRANSPARENT_WITH) or self._loaded_model(call):
                     continue
                 self.report(
                     call,
@@ -127,18 +126,6 @@ class EvaluationInTrainMode(Rule):
                     if isinstance(outer, _FUNCTIONS):
                         next_frontier.append(outer)
             frontier = next_frontier
-        return False
-
-    def _under_other_with(self, node: ast.AST) -> bool:
-        for parent in self.ctx.ancestors(node):
-            if isinstance(parent, _DEFS):
-                return False
-            if isinstance(parent, (ast.With, ast.AsyncWith)):
-                for item in parent.items:
-                    expr = item.context_expr
-                    func = expr.func if isinstance(expr, ast.Call) else expr
-                    if last_name(func) not in _TRANSPARENT_WITH:
-                        return True
         return False
 
     def _loaded_model(self, call: ast.Call) -> bool:

@@ -77,7 +77,7 @@ class EvaluationWithGradEnabled(Rule):
             if self._differentiates(region) or not self._callers_may_enable(region):
                 continue
             for call in calls:
-                if self.ctx.grad_disabled(call) or self._under_other_with(call):
+                if self.ctx.grad_disabled(call) or self.ctx.under_unknown_with(call, _TRANSPARENT_WITH):
                     continue
                 self.report(
                     call,
@@ -121,7 +121,7 @@ class EvaluationWithGradEnabled(Rule):
                 if any(not _harmless_decorator(d) for d in fn.decorator_list):
                     return False
                 for site in self.ctx.call_sites(fn):
-                    if self.ctx.grad_disabled(site) or self._under_other_with(site):
+                    if self.ctx.grad_disabled(site) or self.ctx.under_unknown_with(site, _TRANSPARENT_WITH):
                         return False
                     next_frontier.append(self.ctx.scope(site))
                 outer = self.ctx.scope(fn)
@@ -129,18 +129,6 @@ class EvaluationWithGradEnabled(Rule):
                     next_frontier.append(outer)
             frontier = next_frontier
         return True
-
-    def _under_other_with(self, node: ast.AST) -> bool:
-        for parent in self.ctx.ancestors(node):
-            if isinstance(parent, (*_FUNCTIONS, ast.Lambda, ast.ClassDef)):
-                return False
-            if isinstance(parent, (ast.With, ast.AsyncWith)):
-                for item in parent.items:
-                    expr = item.context_expr
-                    func = expr.func if isinstance(expr, ast.Call) else expr
-                    if last_name(func) not in _TRANSPARENT_WITH:
-                        return True
-        return False
 
 
 def _harmless_decorator(decorator: ast.AST) -> bool:

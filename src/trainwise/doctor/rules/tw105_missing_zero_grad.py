@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ast
 
-from trainwise.doctor.context import dotted, method_call
+from trainwise.doctor.context import dotted, method_call, walk_own
 from trainwise.doctor.rule import Rule
 
-_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
 
 class MissingZeroGrad(Rule):
@@ -155,26 +155,8 @@ def _assigns_grad(container: ast.AST) -> bool:
 
 def _own_calls(loop: ast.AST) -> list[ast.Call]:
     """Calls inside a loop, nested function and class definitions excluded."""
-    found = []
-    stack = list(ast.iter_child_nodes(loop))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, _DEFS):
-            continue
-        if isinstance(node, ast.Call):
-            found.append(node)
-        stack.extend(ast.iter_child_nodes(node))
-    return found
+    return [n for n in walk_own(ast.iter_child_nodes(loop)) if isinstance(n, ast.Call)]
 
 
 def _own_loops(loop: ast.AST) -> list[ast.AST]:
-    found = []
-    stack = list(ast.iter_child_nodes(loop))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, _DEFS):
-            continue
-        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
-            found.append(node)
-        stack.extend(ast.iter_child_nodes(node))
-    return found
+    return [n for n in walk_own(ast.iter_child_nodes(loop)) if isinstance(n, _LOOPS)]

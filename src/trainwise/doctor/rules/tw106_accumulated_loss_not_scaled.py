@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import ast
 
-from trainwise.doctor.context import dotted, is_const, keyword, last_name, method_call
+from trainwise.doctor.context import dotted, is_const, keyword, last_name, method_call, walk_own
 from trainwise.doctor.rule import Rule
-
-_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
 class AccumulatedLossNotScaled(Rule):
@@ -211,13 +209,4 @@ def _rescales_grads(loop: ast.AST) -> bool:
 
 
 def _own_calls(statements: list[ast.AST]) -> list[ast.Call]:
-    found = []
-    stack = list(statements)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, _DEFS):
-            continue
-        if isinstance(node, ast.Call):
-            found.append(node)
-        stack.extend(ast.iter_child_nodes(node))
-    return found
+    return [n for n in walk_own(statements) if isinstance(n, ast.Call)]

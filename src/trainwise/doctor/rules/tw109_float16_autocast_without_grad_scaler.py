@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from trainwise.doctor.context import dotted, is_const, keyword, last_name
+from trainwise.doctor.context import dotted, is_const, keyword, last_name, walk_own
 from trainwise.doctor.rule import Rule
 
 _AUTOCAST = frozenset(
@@ -12,7 +12,6 @@ _AUTOCAST = frozenset(
 )
 _CUDA_DEFAULT_FP16 = frozenset({"torch.cuda.amp.autocast"})
 _FP16 = frozenset({"torch.float16", "torch.half"})
-_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 # Frameworks that scale the loss themselves when they run the backward pass.
 _SCALING_WORDS = ("scaler", "accelerator", "fabric", "engine", "deepspeed")
 
@@ -136,16 +135,11 @@ class Float16AutocastWithoutGradScaler(Rule):
         return self._scaled
 
     def _calls_backward(self, region: ast.AST) -> bool:
-        stack = list(ast.iter_child_nodes(region))
-        while stack:
-            node = stack.pop()
-            if isinstance(node, _DEFS):
-                continue
+        for node in walk_own(ast.iter_child_nodes(region)):
             if isinstance(node, ast.Call):
                 func = node.func
                 if isinstance(func, ast.Attribute) and func.attr == "backward" and dotted(func.value) != "torch.autograd":  # noqa: E501
                     return True
                 if self.ctx.qualname(func) == "torch.autograd.backward":
                     return True
-            stack.extend(ast.iter_child_nodes(node))
         return False

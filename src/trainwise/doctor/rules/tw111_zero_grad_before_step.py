@@ -5,11 +5,10 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from trainwise.doctor.context import dotted, position
+from trainwise.doctor.context import DEFINITIONS, dotted, position
 from trainwise.doctor.rule import Rule
 
 _COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.Match)
-_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 if hasattr(ast, "TryStar"):  # Python 3.11+
     _COMPOUND = (*_COMPOUND, ast.TryStar)
 
@@ -111,7 +110,7 @@ class ZeroGradBeforeStep(Rule):
 
     def _items(self, statements: list[ast.stmt]) -> Iterator[tuple[str, object, object]]:
         for stmt in statements:
-            if isinstance(stmt, _DEFS):
+            if isinstance(stmt, DEFINITIONS):
                 continue
             if isinstance(stmt, (ast.With, ast.AsyncWith)):
                 yield from self._items(stmt.body)
@@ -126,7 +125,7 @@ class ZeroGradBeforeStep(Rule):
     def _flat(self, statements: list[ast.stmt]) -> list[tuple[str, str | None, ast.AST]]:
         out = []
         for stmt in statements:
-            if isinstance(stmt, _DEFS):
+            if isinstance(stmt, DEFINITIONS):
                 continue
             for call in _calls(stmt):
                 event = self._event(call)
@@ -177,7 +176,7 @@ def _calls(stmt: ast.AST) -> list[ast.Call]:
         if isinstance(node, ast.Call):
             found.append(node)
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (*_DEFS, ast.stmt)) and child is not stmt:
+            if isinstance(child, (*DEFINITIONS, ast.stmt)) and child is not stmt:
                 if isinstance(child, ast.stmt):
                     stack.append(child)
                 continue
