@@ -291,35 +291,48 @@ def save_sharded(path: str | os.PathLike[str], model: torch.nn.Module, optimizer
 
 
 def load_sharded(path: str | os.PathLike[str], model: torch.nn.Module, optimizer: Any = None) -> None:
-    """Load a folder written by :func:`save_sharded` into a model sharded the same or another way (collective)."""
-    import torch.distributed.checkpoint as dcp
+    """Load a folder written by :func:`save_sharded` into a model sharded the same or another way (collective).
+
+    The folder is read through :mod:`trainwise.checkpoint.dcp`: its ``.metadata`` is checked before DCP
+    reads anything, and nothing in it is unpickled beyond the DCP metadata classes and ``weights_only`` values.
+    """
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from trainwise.checkpoint.dcp import load_dcp
 
     model_state, optim_state = get_state_dict(model, optimizer if optimizer is not None else [])
     state: dict[str, Any] = {"model": model_state}
     if optimizer is not None:
         state["optimizer"] = optim_state
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=state["model"],
-                   optim_state_dict=state.get("optimizer", {}))
+    load_dcp(state, path)
+    try:
+        set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=state["model"],
+                       optim_state_dict=state.get("optimizer", {}))
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200].rstrip(".").replace(". ", "; ")
+        raise TrainwiseError(
+            f"the sharded checkpoint {path} does not fit this model and optimizer ({first}); resume with the "
+            "model and optimizer it was saved from."
+        ) from None
 
 
 def sharded_to_single_file(folder: str | os.PathLike[str], output: str | os.PathLike[str]) -> dict[str, Any]:
     """Convert a sharded checkpoint folder to one ``torch.save`` file of the model's plain state dict.
 
     Runs in one process, no process group needed. The result loads with ``load_weights`` into a plain model.
+    The folder is read safely (see :func:`load_sharded`): a folder that would need anything else is refused.
     """
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from trainwise.checkpoint.dcp import read_dcp_state
+    from trainwise.checkpoint.io import atomic_torch_save
 
-    from trainwise.checkpoint.io import safe_load
-
-    folder, output = Path(folder), Path(output)
-    full = output.with_name(f".{output.name}.all")
-    dcp_to_torch_save(folder, full)
-    state = safe_load(full)
+    state = read_dcp_state(folder)
     model_state = state.get("model", state)
-    torch.save(model_state, output)
-    full.unlink()
+    if not isinstance(model_state, dict):
+        raise TrainwiseError(
+            f"the sharded checkpoint {folder} holds no model state dict under 'model'; pass a folder written by "
+            "trainwise.save_sharded."
+        )
+    atomic_torch_save(model_state, output)
     return model_state
 
 

@@ -134,3 +134,134 @@ def test_ckpt_without_action_prints_help(capsys):
     assert main(["ckpt"]) == 2
     assert "inspect" in capsys.readouterr().out
 
+
+
+# -- files whose name lies, tensors without data, hostile content (issue 10 item 9) ---------------------
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["ckpt", *map(str, argv)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_error_line(code: int, out: str, err: str) -> str:
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("trainwise ckpt: error: "), (code, err)
+    assert "Traceback" not in err and out == ""
+    return lines[0]
+
+
+def test_a_torch_file_named_safetensors(tmp_path, net, capsys):
+    path = tmp_path / "weights.safetensors"
+    torch.save(net.state_dict(), path)
+    code, out, err = run_cli(capsys, "inspect", path)
+    assert code == 0 and "torch-zip" in out and "named .safetensors" in " ".join(out.split()), out + err
+    code, out, err = run_cli(capsys, "inspect", path, "--format", "json")
+    assert code == 0 and json.loads(out)["format"] == "torch-zip"
+    assert "named .safetensors" in json.loads(out)["note"]
+    code, out, err = run_cli(capsys, "convert", path, tmp_path / "real.safetensors")
+    assert code == 0 and "Traceback" not in err
+    from safetensors.torch import load_file
+
+    assert set(load_file(tmp_path / "real.safetensors")) == set(net.state_dict())
+
+
+def test_a_safetensors_file_named_pt(tmp_path, net, capsys):
+    from trainwise.checkpoint.weights import safetensors_bytes
+
+    path = tmp_path / "weights.pt"
+    path.write_bytes(safetensors_bytes(net.state_dict()))
+    code, out, err = run_cli(capsys, "inspect", path)
+    assert code == 0 and "safetensors" in out and "named .pt" in " ".join(out.split()), out + err
+
+
+@pytest.mark.parametrize("kind", ["meta", "coo", "csr"])
+def test_convert_refuses_tensors_without_data_and_sparse_tensors(tmp_path, net, capsys, kind):
+    sd = net.state_dict()
+    weight = sd["head.weight"]
+    sd["head.weight"] = {"meta": lambda: torch.empty(weight.shape, device="meta"),
+                         "coo": lambda: weight.to_sparse(), "csr": lambda: weight.to_sparse_csr()}[kind]()
+    source = tmp_path / "in.pt"
+    torch.save(sd, source)
+    code, out, _ = run_cli(capsys, "inspect", source)
+    assert code == 0 and "head.weight" in out
+    out_file = tmp_path / "out.safetensors"
+    line = assert_one_error_line(*run_cli(capsys, "convert", source, out_file))
+    assert "'head.weight'" in line
+    assert ("meta" in line and "no data" in line) if kind == "meta" else ".to_dense()" in line
+    assert not out_file.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["in.pt"]
+
+
+def hostile_checkpoint(path, net) -> None:
+    deep: list = []
+    for _ in range(50):
+        deep = [deep]
+    meta = {
+        "trainwise": "\x1b[2J\x1b[31mHACKED\x07",
+        "torch": "x" * 100_000,
+        "python": "[/bold][red]markup",
+        5: "a non-string key",
+        "config": {"nested": deep, 7: torch.ones(3), "s": "\x1b]0;title\x07"},
+    }
+    # 2**2000 is the largest kind of integer weights_only reads (LONG1; it refuses LONG4)
+    state = {"model": {**net.state_dict(), "[/x]\x1b[2Jname": torch.ones(1)}, "step": 2**2000,
+             "loader\x1b[2J": {"epoch_start": 1, "batches_done": torch.ones(3, 3)}, 12: "x",
+             "optimizer": ["not", "a", "dict"]}
+    torch.save({"trainwise_checkpoint": 1, "meta": meta, "state": state, "rng": None}, path)
+
+
+def test_inspect_escapes_a_hostile_meta_and_names(tmp_path, net, capsys):
+    path = tmp_path / "hostile.pt"
+    hostile_checkpoint(path, net)
+    for fmt in ("table", "json"):
+        code, out, err = run_cli(capsys, "inspect", path, "--format", fmt)
+        assert code == 0 and err == "", err
+        assert not any(ord(c) < 32 and c not in "\n" for c in out), repr(out[:500])
+        assert "\x7f" not in out and "\x9b" not in out
+        assert len(out) < 20_000
+    assert "\\x1b[2J" in out or "\\u001b[2J" in out
+
+
+def test_inspect_of_a_meta_that_is_not_a_mapping(tmp_path, net, capsys):
+    path = tmp_path / "odd.pt"
+    torch.save({"trainwise_checkpoint": 1, "meta": ["a", "list"], "state": {"model": net.state_dict()},
+                "rng": None}, path)
+    code, out, err = run_cli(capsys, "inspect", path)
+    assert code == 0 and "trainwise training checkpoint" in out, err
+
+
+def test_garbage_pickle_and_truncated_zip_are_one_line(tmp_path, net, capsys):
+    import zipfile
+
+    good = tmp_path / "good.pt"
+    torch.save(net.state_dict(), good)
+    bad = tmp_path / "bad.pt"
+    with zipfile.ZipFile(good) as source, zipfile.ZipFile(bad, "w") as target:
+        for info in source.infolist():
+            data = source.read(info.filename)
+            target.writestr(info, bytes(range(256)) if info.filename.endswith("data.pkl") else data)
+    for argv in (("inspect", bad), ("convert", bad, tmp_path / "o.safetensors")):
+        assert_one_error_line(*run_cli(capsys, *argv))
+
+
+def test_inspect_of_a_deeply_nested_meta(tmp_path, capsys):
+    import io
+    import struct
+    import zipfile
+
+    def text(value: str) -> bytes:
+        return b"X" + struct.pack("<I", len(value)) + value.encode()
+
+    deep = b"]" * 100_000 + b"a" * 99_999  # [[[...]]] 100,000 levels: torch.save itself cannot write it
+    pickled = (b"\x80\x02}(" + text("trainwise_checkpoint") + b"K\x01" + text("state") + b"}" + text("rng") + b"N"
+               + text("meta") + b"}(" + text("config") + deep + text("torch") + deep + b"uu.")
+    buffer = io.BytesIO()
+    torch.save({}, buffer)
+    path = tmp_path / "deep.pt"
+    with zipfile.ZipFile(buffer) as source, zipfile.ZipFile(path, "w") as target:
+        for info in source.infolist():
+            target.writestr(info, pickled if info.filename.endswith("data.pkl") else source.read(info))
+    for fmt in ("table", "json"):
+        code, out, err = run_cli(capsys, "inspect", path, "--format", fmt)
+        assert code == 0 and "trainwise training checkpoint" in out and err == ""

@@ -197,3 +197,78 @@ def test_report_table_for_a_clean_load(source, fresh):
     report = load_weights(fresh, source.state_dict())
     assert str(report).startswith("load_weights from the given mapping: all 9 model keys loaded")
     assert report.to_dict()["ok"] is True
+
+
+# -- files whose name lies, tensors without data, sparse tensors, hostile keys (issue 10 item 9) ----------
+
+
+def test_files_whose_name_lies_load_by_content(source, fresh, tmp_path):
+    from trainwise.checkpoint.weights import safetensors_bytes
+
+    torch.save(source.state_dict(), tmp_path / "zip.safetensors")
+    (tmp_path / "st.pt").write_bytes(safetensors_bytes(source.state_dict()))
+    for name in ("zip.safetensors", "st.pt"):
+        torch.manual_seed(7)
+        target = Net()
+        with pytest.warns(UserWarning, match="name"):
+            assert load_weights(target, tmp_path / name).ok
+        assert same_weights(source, target)
+
+
+def one_line(error: BaseException) -> str:
+    text = str(error)
+    assert "\n" not in text and text.endswith("."), text
+    return text
+
+
+@pytest.mark.parametrize("kind", ["meta", "coo", "csr"])
+@pytest.mark.parametrize("from_file", [False, True])
+def test_tensors_without_data_or_sparse_are_refused_naming_the_key(fresh, tmp_path, kind, from_file):
+    sd = Net().state_dict()
+    weight = sd["encoder.weight"]
+    sd["encoder.weight"] = {
+        "meta": lambda: torch.empty(weight.shape, device="meta"),
+        "coo": lambda: weight.to_sparse(),
+        "csr": lambda: weight.to_sparse_csr(),
+    }[kind]()
+    source = sd
+    if from_file:
+        torch.save(sd, tmp_path / "w.pt")
+        source = tmp_path / "w.pt"
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that sparse CSR support is in beta
+        for strict in (True, False):
+            with pytest.raises(TrainwiseError) as info:
+                load_weights(fresh, source, strict=strict)
+            text = one_line(info.value)
+            assert "'encoder.weight'" in text
+            assert ("meta" in text and "no data" in text) if kind == "meta" else ".to_dense()" in text
+    assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())  # untouched
+
+
+@pytest.mark.parametrize(
+    "kind", ["zero-byte", "truncated", "random", "json", "plain-pickle", "truncated-safetensors", "directory",
+             "missing"],
+)
+def test_bad_files_are_one_sentence_from_load_weights(fresh, tmp_path, kind):
+    from ckpt_helpers import make_bad_inputs
+
+    good = tmp_path / "good.pt"
+    torch.save(fresh.state_dict(), good)
+    files = make_bad_inputs(tmp_path / "bad", good)
+    with pytest.raises(TrainwiseError) as info:
+        load_weights(fresh, files[kind])
+    one_line(info.value)
+
+
+def test_hostile_keys_are_shown_escaped(fresh):
+    weights = {"\x1b[2J" + "x" * 10_000: torch.zeros(1), "encoder.weight": torch.zeros(8, 4)}
+    with pytest.raises(WeightsMismatchError) as info:
+        load_weights(fresh, weights)
+    text = str(info.value)
+    assert "\x1b" not in text and "\\x1b[2J" in text and len(text) < 5_000
+    with pytest.raises(TrainwiseError) as info:
+        load_weights(fresh, {torch.zeros(2, 2): torch.zeros(1), "a\x1b[31m": 1})  # no string keys: no weights
+    text = one_line(info.value)
+    assert "\x1b" not in text and "no model weights" in text

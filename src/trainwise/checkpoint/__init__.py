@@ -7,17 +7,45 @@
 - :mod:`~trainwise.checkpoint.weights`: ``load_weights`` with its report, ``save_weights``.
 """
 
-from trainwise.checkpoint.io import atomic_torch_save, atomic_write, detect_format, safe_load
-from trainwise.checkpoint.loader import ResumableLoader
-from trainwise.checkpoint.manager import CheckpointManager, find_resume_checkpoint
-from trainwise.checkpoint.state import (
-    capture_state,
-    load_checkpoint,
-    read_checkpoint,
-    restore_state,
-    save_checkpoint,
-)
-from trainwise.checkpoint.weights import LoadReport, WeightsMismatchError, load_weights, save_weights
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Loaded on first use (PEP 562): `trainwise.checkpoint.io` alone imports no torch, so tools that only write
+# files atomically (`doctor --fix`) stay fast.
+_EXPORTS = {
+    "atomic_torch_save": "io",
+    "atomic_write": "io",
+    "detect_format": "io",
+    "safe_load": "io",
+    "ResumableLoader": "loader",
+    "CheckpointManager": "manager",
+    "find_resume_checkpoint": "manager",
+    "capture_state": "state",
+    "load_checkpoint": "state",
+    "read_checkpoint": "state",
+    "restore_state": "state",
+    "save_checkpoint": "state",
+    "LoadReport": "weights",
+    "WeightsMismatchError": "weights",
+    "load_weights": "weights",
+    "save_weights": "weights",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainwise.checkpoint' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"trainwise.checkpoint.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __all__ = [
     "CheckpointManager",

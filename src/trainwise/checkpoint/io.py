@@ -2,7 +2,9 @@
 
 A write goes to a hidden temporary file in the target's folder, is flushed and fsynced, then renamed over
 the target (a rename within one folder is atomic), and the folder is fsynced so that the rename survives a
-power cut. A kill at any moment leaves the old complete file or the new complete one, never a mix.
+power cut. A kill at any moment leaves the old complete file or the new complete one, never a mix. The new
+file keeps the permission bits of the file it replaces. A full disk, a file size limit, a quota or a
+read-only folder is a :class:`~trainwise.errors.DiskWriteError` that names the file, never a half-written one.
 
 Every torch file is read with ``weights_only=True``: a file that needs a class outside torch's allowlist is
 refused before anything in it runs, with the class named and how to allow it if the file is trusted.
@@ -11,17 +13,21 @@ refused before anything in it runs, with the class named and how to allow it if 
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import json
 import os
 import re
 import secrets
+import stat
 import struct
+import warnings
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from trainwise.errors import TrainwiseError
+from trainwise.errors import DiskWriteError, TrainwiseError, printable
 
 # What `detect_format` returns for a readable file.
 TORCH_ZIP = "torch-zip"  # torch.save since 1.6
@@ -46,6 +52,10 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
 
     If ``write`` raises, or the process dies, ``path`` keeps its previous content (or stays absent); the
     temporary file is removed on an exception and ignored by every trainwise loader if it is left behind.
+    The new file gets the permission bits of the file it replaces (a new file gets ``0o666 & ~umask``, as
+    ``open()`` gives). A write that fails because the disk is full, a file size limit or quota is reached or
+    the folder is read-only raises :class:`~trainwise.errors.DiskWriteError` (a ``TrainwiseError`` and an
+    ``OSError``), also when ``torch.save`` wrapped the ``OSError`` in a ``RuntimeError``.
     """
     path = Path(path)
     folder = path.parent
@@ -53,19 +63,136 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
         raise TrainwiseError(f"{path} is a directory; give a file name to write to.")
     if not folder.is_dir():
         raise TrainwiseError(f"folder {folder} does not exist; create it first or choose another path.")
-    temp = folder / f".{path.name}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    mode = _existing_mode(path)
+    temp = folder / f".{path.name[:200]}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        with open(temp, "wb") as file:
+        file = _open_temp(temp, mode)
+    except OSError as exc:
+        raise _disk_write_error(path, exc.errno, exc.strerror, existed=mode is not None) from None
+    raw = file.raw if isinstance(file, io.BufferedWriter) else None
+    written = False  # after write(): every OSError is ours (flush, fsync, close, rename)
+    try:
+        with file:
             write(file)
+            written = True
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             temp.unlink()
-        raise
+        if written and isinstance(exc, OSError):
+            failure: tuple[int | None, str] | None = (exc.errno, exc.strerror or str(exc))
+        else:
+            failure = _write_failure(exc, getattr(raw, "failure", None), folder)
+        if failure is None:
+            raise
+        raise _disk_write_error(path, *failure, existed=mode is not None) from None
     _fsync_folder(folder)
     return path
+
+
+class _TempRaw(io.FileIO):
+    """The temporary file under its buffer: remembers the first OSError a write raised, because ``torch.save``
+    may turn it into a ``RuntimeError`` that no longer says why ("unexpected pos 64 vs 0")."""
+
+    failure: OSError | None = None
+    write_to_disk = io.FileIO.write  # tests replace it to fill the disk after N bytes
+
+    def write(self, data: Any) -> int | None:
+        try:
+            return self.write_to_disk(data)
+        except OSError as exc:
+            if self.failure is None:
+                self.failure = exc
+            raise
+
+
+def _open_temp(temp: Path, mode: int | None) -> IO[bytes]:
+    """A new temporary file; created private when it will replace a file, then given that file's mode."""
+
+    def opener(name: str, flags: int) -> int:
+        return os.open(name, flags, 0o600 if mode is not None else 0o666)
+
+    raw = _TempRaw(temp, "xb", opener=opener)
+    try:
+        if mode is not None:
+            with contextlib.suppress(OSError):  # file systems without permission bits (FAT, some mounts)
+                if hasattr(os, "fchmod"):
+                    os.fchmod(raw.fileno(), mode)
+                else:  # pragma: no cover - Windows before Python 3.13
+                    os.chmod(temp, mode)
+        return io.BufferedWriter(raw)
+    except BaseException:
+        raw.close()
+        raise
+
+
+def _existing_mode(path: Path) -> int | None:
+    """The permission bits of the file ``path`` names (set-id bits left out), or None if there is none."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode) & 0o777
+    except OSError:
+        return None
+
+
+# errno -> (what happened, what to do); anything else the file itself raised is reported with its strerror.
+_WRITE_REASONS: dict[int, tuple[str, str]] = {
+    errno.ENOSPC: ("the disk is full", "free some space or write to another disk"),
+    errno.EFBIG: ("the file size limit was reached", "raise the limit (ulimit -f) or write to another file system"),
+    errno.EROFS: ("the folder is on a read-only file system", "write to another folder"),
+    errno.EACCES: ("the folder is not writable", "make it writable or write to another folder"),
+    errno.EPERM: ("the folder is not writable", "make it writable or write to another folder"),
+}
+if hasattr(errno, "EDQUOT"):
+    _WRITE_REASONS[errno.EDQUOT] = ("the disk quota is exceeded", "free some space or write to another disk")
+# Disk conditions recognised in an error that did not come from the temporary file's own writes (an OSError
+# raised by ``write`` itself, or torch's RuntimeError after it wrote to the file descriptor directly).
+_DISK_ERRNOS = tuple(code for code in _WRITE_REASONS if code not in (errno.EACCES, errno.EPERM))
+
+
+def _write_failure(exc: BaseException, recorded: OSError | None, folder: Path) -> tuple[int | None, str] | None:
+    """``(errno, strerror)`` when ``exc`` (or what it wraps) is the file failing to be written, else None."""
+    if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not a write failure
+        return None
+    if recorded is not None:
+        return recorded.errno, recorded.strerror or str(recorded)
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 32:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _DISK_ERRNOS:
+            return current.errno, current.strerror or os.strerror(current.errno)
+        if isinstance(current, RuntimeError):
+            text = str(current)
+            if "write" in text.lower():
+                # the legacy format writes storages to the file descriptor: "write(): fd 3 failed with File too large"
+                for code in _DISK_ERRNOS:
+                    if os.strerror(code) in text:
+                        return code, os.strerror(code)
+                if "file write failed" in text or "failed writing file" in text:  # PytorchStreamWriter, no errno
+                    return _guess_write_failure(folder)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _guess_write_failure(folder: Path) -> tuple[int | None, str]:
+    try:
+        usage = os.statvfs(folder)
+        if usage.f_bavail * usage.f_frsize < 1 << 20:
+            return errno.ENOSPC, os.strerror(errno.ENOSPC)
+    except (OSError, AttributeError):
+        pass
+    return errno.EIO, "the write failed"
+
+
+def _disk_write_error(path: Path, code: int | None, strerror: str | None, *, existed: bool) -> DiskWriteError:
+    strerror = strerror or (os.strerror(code) if code else "the write failed")
+    reason, fix = _WRITE_REASONS.get(code or 0, (strerror, "check the disk and the folder, then try again"))
+    shown = f"{reason} ({strerror})" if reason != strerror else reason
+    before = "the previous file is unchanged" if existed else "nothing was written"
+    return DiskWriteError(f"could not write {path}: {shown}; {before}; {fix}.", path=path, errno=code,
+                          strerror=strerror)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -103,15 +230,23 @@ def _fsync_folder(folder: Path) -> None:
 def check_file(path: str | os.PathLike[str]) -> Path:
     """``path`` as a Path if it is a non-empty regular file; otherwise one sentence saying what it is."""
     path = Path(path)
-    if not path.exists():
-        raise TrainwiseError(f"{path} does not exist; check the path.")
-    if path.is_dir():
-        raise TrainwiseError(f"{path} is a directory, not a checkpoint file; pass a file inside it.")
-    if not path.is_file():
-        raise TrainwiseError(f"{path} is not a regular file; pass a checkpoint file.")
-    if path.stat().st_size == 0:
+    try:
+        if not path.exists():
+            raise TrainwiseError(f"{path} does not exist; check the path.")
+        if path.is_dir():
+            raise TrainwiseError(f"{path} is a directory, not a checkpoint file; pass a file inside it.")
+        if not path.is_file():
+            raise TrainwiseError(f"{path} is not a regular file; pass a checkpoint file.")
+        size = path.stat().st_size
+    except OSError as exc:  # a folder on the way that may not be searched, a name too long...
+        raise _unreadable(path, exc) from None
+    if size == 0:
         raise TrainwiseError(f"{path} is empty (0 bytes), probably from an interrupted write; use another checkpoint.")
     return path
+
+
+def _unreadable(path: Path, exc: OSError) -> TrainwiseError:
+    return TrainwiseError(f"{path} could not be read ({exc.strerror or exc}); check the path and its permissions.")
 
 
 def detect_format(path: str | os.PathLike[str]) -> str:
@@ -120,21 +255,29 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     Only the first bytes are read (and, for safetensors, the JSON header): nothing is unpickled.
     """
     path = check_file(path)
-    size = path.stat().st_size
-    with open(path, "rb") as file:
-        head = file.read(16)
-        if head.startswith(_ZIP_MAGIC):
-            return TORCH_ZIP
-        if len(head) >= 14 and head[0] == 0x80 and head[2:14] == _LEGACY_MAGIC:
-            return TORCH_LEGACY
-        if len(head) >= 9 and head[8:9] == b"{":
-            (header_len,) = struct.unpack("<Q", head[:8])
-            if 8 + header_len <= size and header_len < 100_000_000:
-                return SAFETENSORS
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as file:
+            head = file.read(16)
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    if head.startswith(_ZIP_MAGIC):
+        return TORCH_ZIP
+    if len(head) >= 14 and head[0] == 0x80 and head[2:14] == _LEGACY_MAGIC:
+        return TORCH_LEGACY
+    if len(head) >= 9 and head[8:9] == b"{":
+        (header_len,) = struct.unpack("<Q", head[:8])
+        if 8 + header_len <= size and header_len < 100_000_000:
+            return SAFETENSORS
+        if 8 + header_len <= size:
             raise TrainwiseError(
-                f"{path} looks like a safetensors file but is truncated ({size} bytes, header says "
-                f"{8 + header_len} at least); use another copy."
+                f"{path} looks like a safetensors file but is corrupt (its header claims {header_len:,} bytes, "
+                "more than safetensors allows); use another copy."
             )
+        raise TrainwiseError(
+            f"{path} looks like a safetensors file but is truncated ({size} bytes, header says "
+            f"{8 + header_len} at least); use another copy."
+        )
     if head[:1] == b"\x80":
         raise TrainwiseError(
             f"{path} is a plain Python pickle, not a torch or safetensors checkpoint, and unpickling it could "
@@ -173,10 +316,12 @@ def _safetensors_torch() -> Any:
 def safe_load(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> Any:
     """Load a torch or safetensors file without ever unpickling arbitrary objects.
 
-    torch files are read with ``weights_only=True``. A file that needs any other class is refused with a
-    :class:`TrainwiseError` that names the class and how to allow it (``torch.serialization.add_safe_globals``)
-    if, and only if, the file is trusted. Corrupt, truncated, empty, foreign or missing files are refused with
-    one sentence each.
+    The format is found from the content, not the name (a file whose name says otherwise loads, with a
+    warning). torch files are read with ``weights_only=True``. A file that needs any other class is refused
+    with a :class:`TrainwiseError` that names the class and how to allow it
+    (``torch.serialization.add_safe_globals``) if, and only if, the file is trusted and the class can be
+    allowed at all. Corrupt, truncated, empty, foreign or missing files, zip directories that declare more
+    data than the file holds, and every other failure to read are refused with one sentence each.
     """
     import pickle
 
@@ -184,28 +329,68 @@ def safe_load(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> Any
 
     path = Path(path)
     kind = detect_format(path)
+    mismatch = name_mismatch(path, kind)
+    if mismatch:
+        warnings.warn(f"{path} {mismatch}; it was read by its content.", UserWarning, stacklevel=2)
     if kind == SAFETENSORS:
         st = _safetensors_torch()
         try:
             return st.load_file(str(path), device=str(map_location) if map_location is not None else "cpu")
         except Exception as exc:  # safetensors raises its own SafetensorError for corrupt files
-            raise TrainwiseError(f"{path} is a corrupt or truncated safetensors file ({_first_line(exc)}).") from None
-    if kind == TORCH_ZIP and not is_complete(path):
-        if zipfile.is_zipfile(path):
-            raise TrainwiseError(f"{path} is a zip archive but not a torch checkpoint (it has no data.pkl).")
-        raise TrainwiseError(
-            f"{path} is truncated or corrupt (its zip directory is missing), probably from an interrupted copy "
-            "or write; use another checkpoint."
-        )
+            raise TrainwiseError(
+                f"{path} is a corrupt or truncated safetensors file ({_reason(exc)}); use another copy."
+            ) from None
+    if kind == TORCH_ZIP:
+        _check_zip(path)
     try:
+        if path.suffix.lower() == ".safetensors":  # torch.load would pick safetensors by the name
+            with open(path, "rb") as file:
+                return torch.load(file, map_location=map_location, weights_only=True)
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise TrainwiseError(_refusal(path, kind, exc)) from None
-    except (RuntimeError, EOFError, ValueError, OSError, KeyError, AttributeError, TypeError) as exc:
+    except Exception as exc:  # anything else a damaged or crafted file makes torch raise
+        what = "torch checkpoint" if mismatch is None else f"torch checkpoint ({mismatch})"
         raise TrainwiseError(
-            f"{path} could not be read as a torch checkpoint ({_first_line(exc)}); it is probably truncated or "
-            "corrupt, so use another copy."
+            f"{path} could not be read as a {what} ({_reason(exc)}); it is probably truncated or corrupt, so "
+            "use another copy."
         ) from None
+
+
+_FORMAT_NAMES = {TORCH_ZIP: "torch zip checkpoint", TORCH_LEGACY: "torch checkpoint in the legacy format",
+                 SAFETENSORS: "safetensors file"}
+_TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+def name_mismatch(path: str | os.PathLike[str], kind: str) -> str | None:
+    """``"is a torch zip checkpoint, although it is named .safetensors"`` when the suffix says another format."""
+    suffix = Path(path).suffix.lower()
+    claims_safetensors = suffix == ".safetensors"
+    if claims_safetensors == (kind == SAFETENSORS) or (not claims_safetensors and suffix not in _TORCH_SUFFIXES):
+        return None
+    return f"is a {_FORMAT_NAMES[kind]}, although it is named {suffix}"
+
+
+def _check_zip(path: Path) -> None:
+    """Refuse a torch zip whose directory is missing, has no data.pkl, or declares more than the file holds."""
+    try:
+        size = path.stat().st_size
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except Exception:  # BadZipFile, and whatever a crafted directory makes zipfile raise
+        raise TrainwiseError(
+            f"{path} is truncated or corrupt (its zip directory is missing or unreadable), probably from an "
+            "interrupted copy or write; use another checkpoint."
+        ) from None
+    if not any(m.filename.endswith("/data.pkl") or m.filename == "data.pkl" for m in members):
+        raise TrainwiseError(f"{path} is a zip archive but not a torch checkpoint (it has no data.pkl).")
+    declared = sum(m.file_size for m in members)
+    beyond = [m for m in members if m.header_offset + m.compress_size > size]
+    if beyond or declared > 16 * size + (1 << 20):  # torch stores members uncompressed: never more than the file
+        raise TrainwiseError(
+            f"{path} is corrupt: its zip directory declares {declared:,} bytes of content in a {size:,}-byte file, "
+            "so nothing was loaded; use another copy."
+        )
 
 
 def unsafe_globals(path: str | os.PathLike[str]) -> list[str]:
@@ -218,26 +403,102 @@ def unsafe_globals(path: str | os.PathLike[str]) -> list[str]:
         return []
 
 
+_BLOCKED_GLOBAL = re.compile(r"GLOBAL (\S+) whose module \S+ is blocked")
+# Words in the weights_only unpickler's refusal when the file asks for code to run (anything else it refuses,
+# such as "Unsupported operand" or "String is too long", is malformed data).
+_UNSAFE_REASONS = ("GLOBAL", "reduce", "create new object", "build")
+
+
+def _blocked_modules() -> tuple[str, ...]:
+    try:
+        from torch._weights_only_unpickler import _blocklisted_modules
+    except ImportError:  # pragma: no cover - a future torch
+        return ("sys", "os", "posix", "nt")
+    return tuple(_blocklisted_modules)
+
+
+# Globals that run code or reach the system by design: a checkpoint that needs one is an attack or a mistake,
+# and the advice to allow it with add_safe_globals must never be given.
+_CODE_MODULES = ("subprocess", "shutil", "importlib", "pickle", "_pickle", "marshal", "runpy", "ctypes", "code",
+                 "codeop", "pty", "socket", "multiprocessing", "webbrowser", "commands", "popen2")
+_CODE_NAMES = ("exec", "eval", "compile", "__import__", "getattr", "setattr", "delattr", "open", "breakpoint",
+               "input", "globals", "locals", "vars", "exit", "quit", "io.open", "_io.open", "codecs.open",
+               "operator.attrgetter", "operator.methodcaller", "types.FunctionType", "types.CodeType",
+               "types.LambdaType", "types.MethodType")
+
+
+def _runs_code(name: str) -> bool:
+    module = name.split(".")[0]
+    if module in _blocked_modules() or module in _CODE_MODULES:
+        return True
+    return name.removeprefix("builtins.").removeprefix("__builtin__.") in _CODE_NAMES
+
+
 def _refusal(path: Path, kind: str, exc: BaseException) -> str:
+    text = str(exc)
+    reason = _reason(exc)
     names = unsafe_globals(path) if kind == TORCH_ZIP else []
-    if not names:
-        names = _UNSAFE_GLOBAL.findall(str(exc))
-    if not names:
+    names = names or _UNSAFE_GLOBAL.findall(text) + _BLOCKED_GLOBAL.findall(text)
+    names = [printable(name, 120) for name in dict.fromkeys(names)]
+    dangerous = [name for name in names if _runs_code(name)]
+    if dangerous:
         return (
-            f"{path} needs arbitrary unpickling to load ({_first_line(exc)[-120:]}), which could run code, so it "
-            "was refused; load only the weights from a trusted copy or re-save them as a state dict."
+            f"{path} holds {_listed(dangerous)}, from a module or function that can run arbitrary code (torch "
+            "refuses os, sys, posix and nt even when allowed), so nothing from it was loaded and it must not be "
+            "loaded unsafely; get the weights from a trusted source as a state dict or a .safetensors file."
         )
-    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    if names:
+        return (
+            f"{path} needs arbitrary unpickling to load (it holds {_listed(names)}), which could run code, so "
+            f"nothing from it was loaded; if you trust this file, allow the class first with "
+            f"torch.serialization.add_safe_globals([{names[0]}])."
+        )
+    if not any(word in reason for word in _UNSAFE_REASONS):  # Unsupported operand, String is too long...
+        return (
+            f'{path} is corrupt or was not written by torch.save (weights_only loading stopped at "{reason}"), so '
+            "nothing from it was loaded; use another copy."
+        )
     return (
-        f"{path} needs arbitrary unpickling to load (it holds {shown}), which could run code, so nothing from it "
-        f"was loaded; if you trust this file, allow the class first with "
-        f"torch.serialization.add_safe_globals([{names[0]}])."
+        f'{path} needs arbitrary unpickling to load (weights_only loading stopped at "{reason}"), which could '
+        "run code, so nothing from it was loaded; load only the weights from a trusted copy or re-save them as "
+        "a state dict."
     )
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+# torch's own framing around the unpickler's message (see torch.load's _get_wo_message)
+_TORCH_FRAMING = ("(1)", "(2)", "Check the documentation", "Please file an issue", "In PyTorch 2.6",
+                  "This file can still be loaded", "Re-running `torch.load`")
+
+
+def _reason(exc: BaseException) -> str:
+    """The first whole sentence of what went wrong, with torch's advice around it left out, made printable."""
+    for line in str(exc).splitlines():
+        line = line.strip()
+        if line.startswith("WeightsUnpickler error:"):
+            line = line.removeprefix("WeightsUnpickler error:").strip()
+        if line.startswith("Weights only load failed."):
+            line = line.removeprefix("Weights only load failed.").strip()
+        if not line or line.startswith(_TORCH_FRAMING):
+            continue
+        sentence = _shorten_tokens(printable(_first_sentence(line), None))
+        if len(sentence) > 600:  # no real message is this long: cut a crafted one at a word
+            sentence = sentence[:sentence.rfind(" ", 0, 500) if " " in sentence[:500] else 500] + " ..."
+        return sentence
+    return type(exc).__name__
+
+
+def _first_sentence(text: str) -> str:
+    match = re.match(r"(.+?[.!?])(?=\s|$)", text)
+    return match.group(1) if match else text
+
+
+def _shorten_tokens(text: str, longest: int = 120) -> str:
+    """Whole sentences stay whole; only a single word longer than ``longest`` (a crafted name) is shortened."""
+    return re.sub(rf"\S{{{longest + 1},}}", lambda m: f"{m.group()[:longest - 20]}...({len(m.group())} chars)", text)
 
 
 __all__ = [
@@ -252,6 +513,8 @@ __all__ = [
     "detect_format",
     "is_complete",
     "is_temp_file",
+    "name_mismatch",
+    "printable",
     "safe_load",
     "unsafe_globals",
 ]

@@ -107,6 +107,8 @@ class CheckpointManager:
             if math.isnan(metric):
                 metric = None  # a NaN is never the best
         self.folder.mkdir(parents=True, exist_ok=True)
+        if len(self.checkpoints()) > self.keep_last + 1:  # a run killed between a save and its pruning
+            self._prune(self._metrics())
         path = self.folder / checkpoint_name(step)
         save_checkpoint(path, state, config=config, meta={"step": step, "metric": metric, "monitor": self.monitor})
         metrics = self._metrics({path.name: metric})
@@ -136,22 +138,39 @@ class CheckpointManager:
 
     # -- loading -------------------------------------------------------------------------------------
 
+    def read_latest(self) -> tuple[Path, dict[str, Any], list[str]] | None:
+        """The newest checkpoint that is intact: ``(path, checkpoint, why_newer_ones_were_skipped)``, or None.
+
+        Each file's zip checksums are verified before it is read (torch itself does not check them, so a
+        flipped byte in a tensor would load as a wrong weight); a damaged file is skipped, with the reason,
+        in favour of the next older one.
+        """
+        skipped: list[str] = []
+        for path in reversed(self.checkpoints()):
+            try:
+                verify_checksums(path)
+                checkpoint = read_checkpoint(path)
+            except TrainwiseError as exc:
+                skipped.append(str(exc))
+                continue
+            return path, checkpoint, skipped
+        return None
+
     def load_latest(
         self, state: MutableMapping[str, Any], *, strict: bool = True, rng: bool = True
     ) -> tuple[Path, dict[str, Any]] | None:
         """Restore ``state`` from the newest checkpoint that reads back; None if there is none.
 
-        An unreadable newest file (it cannot be, unless the disk or a copy damaged it) is skipped with a
-        warning and the next older one is used. Errors restoring into ``state`` (a different model) raise.
+        A damaged newest file (it cannot be, unless the disk or a copy damaged it) is skipped with a warning
+        and the next older one is used. Errors restoring into ``state`` (a different model) raise.
         """
-        for path in reversed(self.checkpoints()):
-            try:
-                checkpoint = read_checkpoint(path)
-            except TrainwiseError as exc:
-                warnings.warn(f"skipping unreadable checkpoint: {exc}", UserWarning, stacklevel=2)
-                continue
-            return path, restore_checkpoint(checkpoint, state, strict=strict, rng=rng)
-        return None
+        found = self.read_latest()
+        if found is None:
+            return None
+        path, checkpoint, skipped = found
+        for reason in skipped:
+            warnings.warn(f"skipping unreadable checkpoint: {reason}", UserWarning, stacklevel=2)
+        return path, restore_checkpoint(checkpoint, state, strict=strict, rng=rng)
 
     # -- bookkeeping ---------------------------------------------------------------------------------
 
@@ -202,6 +221,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def verify_checksums(path: str | os.PathLike[str]) -> None:
+    """Raise a one-sentence TrainwiseError if any member of the zip checkpoint at ``path`` fails its CRC-32."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError, NotImplementedError) as exc:
+        raise TrainwiseError(f"{path} is damaged and cannot be read ({exc}).") from None
+    if bad is not None:
+        raise TrainwiseError(f"{path} is damaged: its member {bad} fails its checksum.")
+
+
 def find_resume_checkpoint(resume: Any, run_dir: str | os.PathLike[str] | None) -> Path | None:
     """The checkpoint ``resume`` points at: ``"auto"`` (the newest complete one in ``run_dir``, or None to
     start fresh), an explicit file, or a run/checkpoint folder (its newest); ``None``/``False``: None."""
@@ -225,4 +257,4 @@ def find_resume_checkpoint(resume: Any, run_dir: str | os.PathLike[str] | None) 
     return path
 
 
-__all__ = ["CHECKPOINT_FOLDER", "CheckpointManager", "checkpoint_name", "find_resume_checkpoint"]
+__all__ = ["CHECKPOINT_FOLDER", "CheckpointManager", "checkpoint_name", "find_resume_checkpoint", "verify_checksums"]

@@ -28,7 +28,7 @@ import torch
 
 from trainwise import __version__
 from trainwise.checkpoint.io import atomic_write, safe_load
-from trainwise.errors import TrainwiseError
+from trainwise.errors import TrainwiseError, printable, show
 from trainwise.seeding import get_rng_state, set_rng_state
 from trainwise.wrappers import unwrap_model
 
@@ -83,7 +83,15 @@ def restore_state(
         if isinstance(target, torch.nn.Module):
             load_weights(unwrap_model(target), value, strict=True)
         elif _is_stateful(target):
-            target.load_state_dict(value)
+            try:
+                target.load_state_dict(value)
+            except TrainwiseError:
+                raise
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+                raise TrainwiseError(
+                    f"the checkpoint's {name!r} entry does not fit this {type(target).__name__} "
+                    f"({type(exc).__name__}: {printable(exc, 160)}); resume from a checkpoint of the same setup."
+                ) from None
         else:
             state[name] = value
     return {name: value for name, value in saved.items() if name not in state}
@@ -125,6 +133,9 @@ def save_checkpoint(
         except OSError:  # a full disk, a lost mount: not the state's fault
             raise
         except Exception as exc:  # pickling a lambda, a lock, an open file...
+            written = _os_error_in(exc)
+            if written is not None:  # torch's writer reports a failed file.write as a RuntimeError
+                raise written from None
             raise TrainwiseError(
                 f"the checkpoint state could not be serialised ({exc}); keep only tensors, numbers, strings, "
                 "lists and dicts in it."
@@ -138,6 +149,18 @@ def save_checkpoint(
             )
 
     return atomic_write(path, write)
+
+
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError (a full disk...) behind ``exc``, following its cause and context, or None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _unsafe_globals_in(path: str) -> list[str]:
@@ -175,7 +198,7 @@ def restore_checkpoint(
         return {**saved, "meta": checkpoint.get("meta", {}), "rng": checkpoint.get("rng")}
     rest = restore_state(state, saved, strict=strict)
     if rng and checkpoint.get("rng") is not None:
-        set_rng_state(decode_rng_state(checkpoint["rng"]))
+        _restore_rng(checkpoint["rng"])
     rest["meta"] = checkpoint.get("meta", {})
     return rest
 
@@ -189,12 +212,31 @@ def read_checkpoint(path: str | os.PathLike[str], *, map_location: Any = "cpu") 
             "trainwise.load_weights(model, path) instead."
         )
     version = checkpoint[FORMAT_KEY]
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise TrainwiseError(
+            f"{path} is damaged: its checkpoint format is {show(version, 40)}, not a version number."
+        )
+    if version > FORMAT_VERSION:
         raise TrainwiseError(
             f"{path} was written by a newer trainwise (checkpoint format {version!r}, this one reads up to "
             f"{FORMAT_VERSION}); upgrade trainwise to resume from it."
         )
     return checkpoint
+
+
+def _restore_rng(encoded: Any) -> None:
+    """Set every global RNG from a checkpoint's ``rng`` entry, or none of them if the entry is damaged."""
+    before = get_rng_state()
+    try:
+        if not isinstance(encoded, Mapping):
+            raise TypeError(f"expected a dict, got {type(encoded).__name__}")
+        set_rng_state(decode_rng_state(encoded))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+        set_rng_state(before)
+        raise TrainwiseError(
+            f"the checkpoint's rng entry is damaged ({type(exc).__name__}: {printable(exc, 160)}); "
+            "load it with rng=False to keep the current random state, or use an earlier checkpoint."
+        ) from None
 
 
 def is_trainwise_checkpoint(obj: Any) -> bool:

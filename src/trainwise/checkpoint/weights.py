@@ -20,7 +20,14 @@ from typing import Any
 
 import torch
 
-from trainwise.checkpoint.io import SAFETENSORS, atomic_torch_save, atomic_write_bytes, detect_format, safe_load
+from trainwise.checkpoint.io import (
+    SAFETENSORS,
+    atomic_torch_save,
+    atomic_write_bytes,
+    detect_format,
+    printable,
+    safe_load,
+)
 from trainwise.errors import TrainwiseError
 
 # Where checkpoints commonly keep the weights, searched in this order (and nested up to a few levels).
@@ -92,11 +99,11 @@ class LoadReport:
         lines = [head + ("." if self.ok else "; pass strict=False to load the keys that match.")]
         lines.append(f"  weights found at {self.found_at}")
         for change in self.prefix_changes:
-            lines.append(f"  prefix: {change}")
+            lines.append(f"  prefix: {printable(change, 120)}")
         rows: list[tuple[str, str, str, str]] = []
-        rows += _limited([("missing", k, "-", _shape_of(k, self._model_shapes)) for k in self.missing])
-        rows += _limited([("unexpected", k, _shape_of(k, self._source_shapes), "-") for k in self.unexpected])
-        rows += _limited([("shape", k, _fmt(a), _fmt(b)) for k, a, b in self.mismatched])
+        rows += _limited([("missing", _key(k), "-", _shape_of(k, self._model_shapes)) for k in self.missing])
+        rows += _limited([("unexpected", _key(k), _shape_of(k, self._source_shapes), "-") for k in self.unexpected])
+        rows += _limited([("shape", _key(k), _fmt(a), _fmt(b)) for k, a, b in self.mismatched])
         if rows:
             header = ("problem", "key", "checkpoint", "model")
             widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
@@ -113,6 +120,11 @@ def _limited(rows: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str,
     if len(rows) <= _MAX_ROWS:
         return rows
     return [*rows[:_MAX_ROWS], (rows[0][0], f"... and {len(rows) - _MAX_ROWS} more", "", "")]
+
+
+def _key(key: str) -> str:
+    """A checkpoint key as shown in a message: control characters escaped, at most 120 characters."""
+    return printable(key, 120)
 
 
 def _shape_of(key: str, shapes: dict[str, tuple[int, ...]]) -> str:
@@ -270,10 +282,11 @@ def load_weights(model: torch.nn.Module, source: Any, *, strict: bool = True) ->
         )
     found = find_weights(loaded)
     if found is None:
-        keys = list(loaded)[:8] if isinstance(loaded, Mapping) else []
+        top = list(loaded)[:8] if isinstance(loaded, Mapping) else []
+        keys = [printable(k if isinstance(k, str) else f"<{type(k).__name__} key>", 60) for k in top]
         raise TrainwiseError(
-            f"no model weights found in {name} (top-level keys: {keys or 'none'}); pass the state dict itself, "
-            "e.g. load_weights(model, checkpoint['my_key'])."
+            f"no model weights found in {name} (top-level keys: {', '.join(map(repr, keys)) or 'none'}); pass the "
+            "state dict itself, e.g. load_weights(model, checkpoint['my_key'])."
         )
     where, weights = found
     target = model.state_dict()
@@ -290,6 +303,9 @@ def load_weights(model: torch.nn.Module, source: Any, *, strict: bool = True) ->
         if isinstance(value, torch.Tensor) and isinstance(expected, torch.Tensor) and value.shape != expected.shape:
             mismatched.append((model_key, tuple(value.shape), tuple(expected.shape)))
             continue
+        problem = unloadable_tensor(key, value, expected)
+        if problem:
+            raise TrainwiseError(f"{name}: {problem}")
         to_load[model_key] = value
     missing = [key for key in target if key not in to_load and key not in {m[0] for m in mismatched}]
     report = LoadReport(
@@ -306,10 +322,38 @@ def load_weights(model: torch.nn.Module, source: Any, *, strict: bool = True) ->
     if strict and not report.ok:
         raise WeightsMismatchError(report)
     if to_load:
-        model.load_state_dict(to_load, strict=False)  # noqa: TW302 (the report above already compared the keys)
+        try:
+            model.load_state_dict(to_load, strict=False)  # noqa: TW302 (the report above already compared the keys)
+        except RuntimeError as exc:  # a dtype or layout torch cannot copy (checked above where we can)
+            detail = printable(" ".join(str(exc).split()), 300)
+            raise TrainwiseError(
+                f"{name}: torch could not copy the weights into the model ({detail}); some tensors may have "
+                "loaded, so load a checkpoint saved from this kind of model."
+            ) from None
     if not report.ok:
         warnings.warn(f"load_weights: {report.summary()}; see the returned LoadReport.", UserWarning, stacklevel=2)
     return report
+
+
+def unloadable_tensor(key: str, value: Any, expected: Any = None) -> str | None:
+    """Why ``value`` (stored under ``key``) cannot become a model's weight, or None: a meta tensor has no data,
+    a sparse tensor cannot be copied into a dense parameter (nor stored in safetensors)."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    shown = repr(_key(key))
+    if value.is_meta:
+        return (
+            f"{shown} is a meta tensor, which has no data (it was saved from a model that was never "
+            "materialised); save the weights after they are created or loaded, and load that file."
+        )
+    if value.layout != torch.strided and not (isinstance(expected, torch.Tensor) and expected.layout == value.layout):
+        layout = str(value.layout).removeprefix("torch.")
+        kind = f"a sparse tensor ({layout})" if "sparse" in layout else f"a tensor of layout {layout}"
+        return (
+            f"{shown} is {kind}, which a dense weight cannot take and safetensors cannot store; convert it first "
+            f"with weights[{shown}] = weights[{shown}].to_dense()."
+        )
+    return None
 
 
 def weights_of(model_or_weights: Any) -> dict[str, torch.Tensor]:
@@ -348,6 +392,9 @@ def safetensors_bytes(weights: Mapping[str, torch.Tensor], metadata: Mapping[str
     seen: set[tuple[int, int]] = set()
     plain: dict[str, torch.Tensor] = {}
     for key, value in weights.items():
+        problem = unloadable_tensor(key, value)
+        if problem:
+            raise TrainwiseError(problem)
         tensor = value.detach().cpu().contiguous()
         storage = (tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
         if storage in seen or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
@@ -355,7 +402,13 @@ def safetensors_bytes(weights: Mapping[str, torch.Tensor], metadata: Mapping[str
         seen.add((tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes()))
         plain[key] = tensor
     meta = {"format": "pt", "writer": f"trainwise {__version__}", **(dict(metadata) if metadata else {})}
-    return st.save(plain, metadata=meta)
+    try:
+        return st.save(plain, metadata=meta)
+    except Exception as exc:  # a dtype safetensors has no code for, a non-string key...
+        raise TrainwiseError(
+            f"the weights could not be written as safetensors ({printable(str(exc).strip(), 200)}); write a .pt "
+            "file instead, or convert those tensors to a plain dtype first."
+        ) from None
 
 
 def is_safetensors(path: str | os.PathLike[str]) -> bool:
@@ -372,6 +425,7 @@ __all__ = [
     "save_weights",
     "shared_prefixes",
     "strip_wrapper_prefixes",
+    "unloadable_tensor",
     "weights_of",
     "wrapper_prefixes",
 ]

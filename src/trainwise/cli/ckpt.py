@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -68,12 +69,14 @@ def describe(path: str | Path) -> dict[str, Any]:
     """Everything ``ckpt inspect`` shows, as plain JSON-ready values."""
     import torch
 
-    from trainwise.checkpoint.io import detect_format, safe_load
+    from trainwise.checkpoint.io import detect_format, name_mismatch, printable, safe_load
     from trainwise.checkpoint.weights import find_weights, wrapper_prefixes
 
     path = Path(path)
     fmt = detect_format(path)
-    content = safe_load(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the name-mismatch warning: shown as the "note" row instead
+        content = safe_load(path)
     found = find_weights(content)
     weights: Mapping[str, Any] = found[1] if found else {}
     tensors = {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}
@@ -93,9 +96,14 @@ def describe(path: str | Path) -> dict[str, Any]:
             for k, t in tensors.items()
         ],
     }
+    mismatch = name_mismatch(path, fmt)
+    if mismatch:
+        info["note"] = f"this file {mismatch}; it was read by its content"
     if isinstance(content, Mapping) and isinstance(content.get("meta"), Mapping):
-        meta = content["meta"]
-        info["versions"] = {k: meta[k] for k in ("trainwise", "torch", "python") if isinstance(meta.get(k), str)}
+        meta = content["meta"]  # written by whoever made the file: shown escaped and cut short
+        info["versions"] = {
+            k: printable(meta[k], 80) for k in ("trainwise", "torch", "python") if isinstance(meta.get(k), str)
+        }
     return info
 
 
@@ -115,6 +123,7 @@ def _kind(content: Any, has_weights: bool) -> str:
 
 
 def _holds(content: Any, has_weights: bool) -> list[str]:
+    from trainwise.checkpoint.io import printable
     from trainwise.checkpoint.state import is_trainwise_checkpoint
     from trainwise.checkpoint.weights import is_state_dict
 
@@ -126,29 +135,39 @@ def _holds(content: Any, has_weights: bool) -> list[str]:
         entries = content["state"]
         if content.get("rng") is not None:
             holds.append("RNG states")
-        meta = content.get("meta") or {}
-        if meta.get("config"):
+        meta = content.get("meta")
+        if isinstance(meta, Mapping) and meta.get("config"):
             holds.append("config")
+    labels = 0
     for key, value in entries.items():
-        label = _label(str(key), value)
+        label = _label(printable(key if isinstance(key, str) else f"<{type(key).__name__} key>", 60), value)
         if label and label not in holds:
-            holds.append(label)
+            labels += 1
+            if labels <= _MAX_LABELS:
+                holds.append(label)
+    if labels > _MAX_LABELS:
+        holds.append(f"{labels - _MAX_LABELS} more entries")
     return holds
 
 
+_MAX_LABELS = 20  # entries named in "holds"; a crafted file may have millions
+_MAX_ROWS = 500  # rows of the tensor table (the JSON output lists every tensor)
+
+
 def _label(key: str, value: Any) -> str | None:
+    from trainwise.checkpoint.io import printable
     from trainwise.checkpoint.weights import is_state_dict
 
     lowered = key.lower()
     if is_state_dict(value):
         return None  # the weights, already listed
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{key}={value}"
+        return f"{key}={printable(value, 40)}"
     if isinstance(value, Mapping):
         if "param_groups" in value:
             return "optimizer"
         if "epoch_start" in value and "batches_done" in value:
-            return f"data position (batch {value['batches_done']} of the epoch)"
+            return f"data position (batch {printable(value['batches_done'], 40)} of the epoch)"
         if "base_lrs" in value or "last_epoch" in value:
             return "scheduler"
         if "scale" in value and "growth_factor" in value:
@@ -172,29 +191,40 @@ def _inspect(args: argparse.Namespace) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    from trainwise.checkpoint.io import printable
+
+    def cell(value: Any, limit: int | None = 200) -> Text:
+        return Text(printable(value, limit))  # plain text: no markup, no control characters from the file
 
     console = Console(highlight=False)
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column()
-    summary.add_row("file", info["file"])
-    summary.add_row("format", f"{info['format']} ({info['bytes']:,} bytes)")
-    summary.add_row("kind", info["kind"])
-    summary.add_row("holds", ", ".join(info["holds"]) or "nothing trainwise recognises")
-    summary.add_row("weights at", info["weights_at"] or "-")
-    summary.add_row("wrapper prefixes", ", ".join(repr(p) for p in info["prefixes"]) or "none")
-    summary.add_row("parameters", f"{info['parameters']:,} in {info['tensor_count']} tensors (buffers included)")
-    summary.add_row("dtypes", ", ".join(f"{d} x{n}" for d, n in info["dtypes"].items()) or "-")
+    summary.add_row("file", cell(info["file"], None))
+    summary.add_row("format", cell(f"{info['format']} ({info['bytes']:,} bytes)"))
+    if info.get("note"):
+        summary.add_row("note", cell(info["note"]))
+    summary.add_row("kind", cell(info["kind"]))
+    summary.add_row("holds", cell(", ".join(info["holds"]) or "nothing trainwise recognises", 2000))
+    summary.add_row("weights at", cell(info["weights_at"] or "-"))
+    summary.add_row("wrapper prefixes", cell(", ".join(repr(p) for p in info["prefixes"]) or "none"))
+    summary.add_row("parameters", cell(f"{info['parameters']:,} in {info['tensor_count']} tensors (buffers included)"))
+    summary.add_row("dtypes", cell(", ".join(f"{d} x{n}" for d, n in info["dtypes"].items()) or "-", 2000))
     for name, version in info.get("versions", {}).items():
-        summary.add_row(f"{name} version", version)
+        summary.add_row(f"{name} version", cell(version))
     console.print(summary)
     if info["tensors"]:
         table = Table(title="tensors", title_justify="left")
         table.add_column("name")
         table.add_column("shape", justify="right")
         table.add_column("dtype")
-        for row in info["tensors"]:
-            table.add_row(row["name"], "(" + ", ".join(map(str, row["shape"])) + ")", row["dtype"])
+        for row in info["tensors"][:_MAX_ROWS]:
+            shape = "(" + ", ".join(map(str, row["shape"])) + ")"
+            table.add_row(cell(row["name"], 120), cell(shape), cell(row["dtype"]))
+        if len(info["tensors"]) > _MAX_ROWS:
+            table.add_row(cell(f"... and {len(info['tensors']) - _MAX_ROWS:,} more (--format json lists them all)"))
         console.print(table)
     return 0
 
@@ -206,8 +236,13 @@ def _convert(args: argparse.Namespace) -> int:
     import torch
 
     from trainwise.checkpoint.io import atomic_torch_save, atomic_write_bytes, check_file, safe_load
-    from trainwise.checkpoint.weights import find_weights, safetensors_bytes, strip_wrapper_prefixes
-    from trainwise.errors import TrainwiseError
+    from trainwise.checkpoint.weights import (
+        find_weights,
+        safetensors_bytes,
+        strip_wrapper_prefixes,
+        unloadable_tensor,
+    )
+    from trainwise.errors import DiskWriteError, TrainwiseError
 
     source, target = Path(args.input), Path(args.output)
     check_file(source)
@@ -228,6 +263,11 @@ def _convert(args: argparse.Namespace) -> int:
         raise TrainwiseError(f"{source} holds no model weights to convert (no state dict of tensors found in it).")
     where, weights = found
     tensors = {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}
+    for key, value in tensors.items():  # sparse tensors are refused by safetensors_bytes, kept in a .pt file
+        if value.is_meta or suffix == ".safetensors":
+            problem = unloadable_tensor(key, value)
+            if problem:
+                raise TrainwiseError(f"{source}: {problem}")
     lightning = isinstance(content, Mapping) and "pytorch-lightning_version" in content
     stripped: list[str] = []
     if not args.keep_prefixes:
@@ -237,6 +277,8 @@ def _convert(args: argparse.Namespace) -> int:
             atomic_write_bytes(target, safetensors_bytes(tensors))
         else:
             atomic_torch_save({k: v.detach().cpu() for k, v in tensors.items()}, target)
+    except DiskWriteError:
+        raise
     except OSError as exc:
         raise TrainwiseError(
             f"could not write {target} ({exc.strerror or exc}); check the folder's permissions."
