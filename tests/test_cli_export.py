@@ -1,6 +1,7 @@
 """``trainwise export`` and ``trainwise predict``: artifacts from checkpoints, outputs printed or saved atomically."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import trainwise
 from trainwise.cli import main
 from trainwise.demo import make_model
 from trainwise.evaluation import evaluating
@@ -134,3 +136,132 @@ def test_predict_missing_files_exit_2_without_traceback(artifact, tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "input file" in proc.stderr and "does not exist" in proc.stderr
     assert main(["predict", str(tmp_path / "none.pt2"), str(tmp_path / "none.npy")]) == 2
+
+
+# -- damaged artifacts, sidecars and input files: one line on stderr, exit 2 -----------------------------------
+
+
+class _Touch:
+    """Pickles as ``pathlib.Path(marker).touch()``: what an object array in a .npy could run when unpickled."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A small MLP as .pt2 and .torchscript (and .onnx when available), and a matching input batch."""
+    folder = tmp_path_factory.mktemp("predict-small")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    formats = ["torch.export", "torchscript"] + (["onnx"] if _have_onnx() else [])
+    suffixes = {"torch.export": ".pt2", "torchscript": ".torchscript", "onnx": ".onnx"}
+    paths = {f: trainwise.export(model, torch.randn(2, 6), folder / f"m{suffixes[f]}", f).path for f in formats}
+    batch = folder / "x.npy"
+    np.save(batch, np.ones((2, 6), dtype=np.float32))
+    return paths, batch
+
+
+def _have_onnx() -> bool:
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _one_line_error(capfd) -> str:
+    captured = capfd.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("format", ["torch.export", "torchscript", "onnx"])
+@pytest.mark.parametrize("damage", ["empty", "truncated", "random-bytes"])
+def test_predict_damaged_artifact_exits_2_with_one_line(small, format, damage, tmp_path, capfd):
+    paths, batch = small
+    if format not in paths:
+        pytest.skip("onnx, onnxscript or onnxruntime absent")
+    data = paths[format].read_bytes()
+    bad = {"empty": b"", "truncated": data[: len(data) // 2], "random-bytes": np.random.default_rng(1).bytes(3000)}
+    artifact = tmp_path / paths[format].name
+    artifact.write_bytes(bad[damage])
+    assert main(["predict", str(artifact), str(batch)]) == 2
+    line = _one_line_error(capfd)
+    assert line.startswith("trainwise predict: error: ") and "not a readable" in line
+
+
+def _save_input(kind: str, path: pathlib.Path, marker: pathlib.Path) -> pathlib.Path:
+    if kind == "pickled-object-array":
+        np.save(path, np.array([_Touch(marker)], dtype=object), allow_pickle=True)
+    elif kind == "npz-with-pickled-member":
+        path = path.with_suffix(".npz")
+        np.savez(path, x=np.array([_Touch(marker)], dtype=object))
+    elif kind == "empty-file":
+        path.write_bytes(b"")
+    elif kind == "random-bytes":
+        path.write_bytes(np.random.default_rng(2).bytes(500))
+    elif kind == "truncated":
+        np.save(path, np.ones((2, 6), dtype=np.float32))
+        path.write_bytes(path.read_bytes()[:100])
+    elif kind == "strings":
+        np.save(path, np.array([["a"] * 6] * 2))
+    elif kind == "structured":
+        np.save(path, np.zeros(2, dtype=[("a", "f4"), ("b", "i4")]))
+    elif kind == "empty-npz":
+        path = path.with_suffix(".npz")
+        np.savez(path)
+    return path
+
+
+INPUTS = [
+    "pickled-object-array",
+    "npz-with-pickled-member",
+    "empty-file",
+    "random-bytes",
+    "truncated",
+    "strings",
+    "structured",
+    "empty-npz",
+]
+
+
+@pytest.mark.parametrize("kind", INPUTS)
+def test_predict_bad_input_file_exits_2_without_unpickling(small, kind, tmp_path, capfd):
+    paths, _ = small
+    marker = tmp_path / "unpickled.marker"
+    batch = _save_input(kind, tmp_path / "x.npy", marker)
+    assert main(["predict", str(paths["torch.export"]), str(batch)]) == 2
+    line = _one_line_error(capfd)
+    assert str(batch) in line and line.endswith(".")
+    assert not marker.exists()
+
+
+def test_predict_wrong_shape_without_sidecar_is_one_line(small, tmp_path, capfd):
+    paths, _ = small
+    artifact = tmp_path / "bare.pt2"
+    artifact.write_bytes(paths["torch.export"].read_bytes())  # no sidecar: the runtime itself meets the shape
+    np.save(tmp_path / "x.npy", np.ones((2, 5), dtype=np.float32))
+    assert main(["predict", str(artifact), str(tmp_path / "x.npy")]) == 2
+    assert "check the array's shape and dtype" in _one_line_error(capfd)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[1, 2]", "{", '{"format": "torch.export", "inputs": "x", "outputs": []}', '{"format": "onnx", "inputs": []}'],
+    ids=["not-an-object", "invalid-json", "wrong-type", "missing-key"],
+)
+def test_predict_malformed_sidecar_exits_2_with_one_line(small, text, tmp_path, capfd):
+    paths, batch = small
+    artifact = tmp_path / "m.pt2"
+    artifact.write_bytes(paths["torch.export"].read_bytes())
+    (tmp_path / "m.pt2.json").write_text(text)
+    assert main(["predict", str(artifact), str(batch)]) == 2
+    assert "sidecar" in _one_line_error(capfd)

@@ -431,3 +431,126 @@ def test_import_trainwise_stays_torch_free():
     code = "import sys, trainwise; trainwise.__all__; assert 'torch' not in sys.modules, 'torch imported'"
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+# -- damaged artifacts and sidecars: one sentence each ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_artifacts(tmp_path_factory):
+    """A small MLP exported in every available format: {format: path}."""
+    folder = tmp_path_factory.mktemp("small")
+    formats = ["torch.export", "torchscript"] + (["onnx"] if HAVE_ONNX else [])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    return {format: trainwise.export(model, torch.randn(2, 6), folder / f"m{SUFFIXES[format]}", format).path
+            for format in formats}  # fmt: skip
+
+
+CORRUPTIONS = {
+    "empty": lambda data: b"",
+    "truncated": lambda data: data[: len(data) // 2],
+    "random-bytes": lambda data: np.random.default_rng(0).bytes(4096),
+    "text": lambda data: b"this is not a model\n" * 20,
+}
+
+
+def _damaged(artifacts, format, corruption, folder):
+    source = artifacts[format]
+    target = folder / source.name
+    target.write_bytes(CORRUPTIONS[corruption](source.read_bytes()))
+    sidecar = source.with_name(source.name + ".json")
+    target.with_name(target.name + ".json").write_bytes(sidecar.read_bytes())
+    return target
+
+
+def _format_params():
+    for format in ("torch.export", "torchscript", "onnx"):
+        marks = [pytest.mark.skipif(not HAVE_ONNX, reason="onnx absent")] if format == "onnx" else []
+        for corruption in CORRUPTIONS:
+            yield pytest.param(format, corruption, marks=marks, id=f"{format}-{corruption}")
+
+
+@pytest.mark.parametrize(("format", "corruption"), list(_format_params()))
+def test_damaged_artifacts_are_one_sentence(small_artifacts, format, corruption, tmp_path):
+    artifact = _damaged(small_artifacts, format, corruption, tmp_path)
+    with pytest.raises(TrainwiseError) as caught:
+        load_exported(artifact)
+    message = str(caught.value)
+    assert len(message.splitlines()) == 1 and message.endswith(".")
+    assert str(artifact) in message and "export the model again" in message
+
+
+def _nested(depth: int) -> str:
+    return '{"format": "torch.export", "inputs": ' + "[" * depth + "]" * depth + ', "outputs": []}'
+
+
+SIDECARS = {
+    "invalid-json": ('{"format": "torch.export", "inputs": [', "unreadable"),
+    "not-utf8": (b"\xff\xfe{}", "unreadable"),
+    "top-level-list": ("[1, 2, 3]", "top level is a JSON list"),
+    "top-level-string": ('"torch.export"', "top level is a JSON str"),
+    "missing-inputs": ('{"format": "torch.export", "outputs": []}', "'inputs' is missing"),
+    "unknown-format": ('{"format": "tflite", "inputs": [], "outputs": []}', "format is 'tflite'"),
+    "format-not-a-string": ('{"format": ["torch.export"], "inputs": [], "outputs": []}', "format is"),
+    "inputs-not-a-list": ('{"format": "torch.export", "inputs": {"x": 1}, "outputs": []}', "inputs must be a list"),
+    "spec-not-an-object": ('{"format": "torch.export", "inputs": [7], "outputs": []}', "inputs[0] must be an object"),
+    "spec-without-name": (
+        '{"format": "torch.export", "inputs": [{"shape": ["batch", 6], "dtype": "float32"}], "outputs": []}',
+        "inputs[0].name",
+    ),
+    "unknown-dtype": (
+        '{"format": "torch.export", "inputs": [{"name": "x", "shape": [1], "dtype": "float99"}], "outputs": []}',
+        "inputs[0].dtype",
+    ),
+    "shape-of-strings": (
+        '{"format": "torch.export", "inputs": [{"name": "x", "shape": ["a"], "dtype": "float32"}], "outputs": []}',
+        "inputs[0].shape",
+    ),
+    "negative-size": (
+        '{"format": "torch.export", "inputs": [{"name": "x", "shape": [-1], "dtype": "float32"}], "outputs": []}',
+        "inputs[0].shape",
+    ),
+    "single-output-not-bool": ('{"format": "torch.export", "inputs": [], "outputs": [], "single_output": 1}', "true"),
+    "deeply-nested": (_nested(100_000), "sidecar"),
+    "huge": ('{"format": "torch.export", "inputs": [], "outputs": [], "pad": "' + "x" * (2 << 20) + '"}', "1 MiB"),
+    "format-disagrees-with-suffix": ('{"format": "torchscript", "inputs": [], "outputs": []}', "says format"),
+}
+
+
+@pytest.mark.parametrize(("text", "message"), list(SIDECARS.values()), ids=list(SIDECARS))
+def test_malformed_sidecar_is_one_sentence(small_artifacts, text, message, tmp_path):
+    artifact = tmp_path / "m.pt2"
+    artifact.write_bytes(small_artifacts["torch.export"].read_bytes())
+    sidecar = artifact.with_name("m.pt2.json")
+    sidecar.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(TrainwiseError) as caught:
+        load_exported(artifact)
+    assert len(str(caught.value).splitlines()) == 1 and message in str(caught.value)
+    assert "sidecar" in str(caught.value) and str(caught.value).endswith(".")
+
+
+def test_a_torchscript_file_named_pt2_loads_only_when_format_says_so(small_artifacts, tmp_path):
+    artifact = tmp_path / "m.pt2"
+    artifact.write_bytes(small_artifacts["torchscript"].read_bytes())  # a TorchScript program named .pt2
+    with pytest.raises(TrainwiseError, match=r"not a readable \.pt2"):
+        load_exported(artifact)
+    assert load_exported(artifact, format="torchscript")(torch.randn(2, 6)).shape == (2, 3)  # the user's choice
+
+
+class _Marked(torch.Tensor):
+    """A trivial tensor subclass: torch.export.save would pickle it (use_pickle), which load_exported refuses."""
+
+
+def test_tensor_subclass_state_is_refused_at_export_not_at_load(tmp_path):
+    class WithSubclass(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("offset", torch.ones(3).as_subclass(_Marked))
+
+        def forward(self, x):
+            return x + self.offset
+
+    with pytest.raises(TrainwiseError, match=r"torch.export would pickle offset \(_Marked, not plain tensors\)"):
+        trainwise.export(WithSubclass(), torch.randn(2, 3), tmp_path / "m.pt2")
+    assert list(tmp_path.iterdir()) == []

@@ -15,21 +15,25 @@ figures. Fundamental 11: a ``state_dict`` needs the training code, these artifac
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import importlib
 import inspect
+import io
 import json
 import linecache
 import logging
 import math
 import os
+import re
 import sys
 import tempfile
 import time
 import traceback
 import types
 import warnings
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -49,6 +53,8 @@ SUFFIXES = {"torch.export": ".pt2", "torchscript": ".torchscript", "onnx": ".onn
 _SUFFIX_FORMATS = {".pt2": "torch.export", ".torchscript": "torchscript", ".ts": "torchscript", ".onnx": "onnx"}
 ONNX_INSTALL = "pip install trainwise[onnx]"
 SIDECAR_VERSION = 1
+_SIDECAR_LIMIT = 1 << 20  # bytes: export writes a few KiB
+_SIDECAR_MAX_SPECS = 1024  # inputs or outputs
 # (atol, rtol) by output dtype; a difference passes where |actual - expected| <= atol + rtol * |expected|.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float64: (1e-7, 1e-7),
@@ -409,6 +415,20 @@ def _write_torch_export(
         program = torch.export.export(model, inputs, dynamic_shapes=_dynamic_shapes(inputs, dynamic))
     except Exception as exc:
         raise _explain(exc, "torch.export", dynamic) from exc
+    # torch.export.save pickles tensor subclasses and custom objects, and load_exported refuses pickles (a .pt2
+    # from elsewhere could hold any code there), so such an artifact could never be loaded: say so now.
+    pickled = [
+        name
+        for name, value in {**program.state_dict, **program.constants}.items()
+        if not (isinstance(value, torch.Tensor) and type(value.data) is torch.Tensor)  # torch's own rule
+    ]
+    if pickled:
+        kinds = sorted({type(program.state_dict.get(n, program.constants.get(n))).__name__ for n in pickled})
+        raise TrainwiseError(
+            f"torch.export would pickle {', '.join(pickled[:5])} ({', '.join(kinds)}, not plain tensors), and "
+            "load_exported refuses .pt2 files with pickles because they can run code; make them plain tensors "
+            "(e.g. tensor.as_subclass(torch.Tensor)) or use format='torchscript'."
+        )
     torch.export.save(program, str(path))
     return "export"
 
@@ -684,6 +704,12 @@ def load_exported(
     The format comes from ``format``, else the sidecar ``path.json``, else the file suffix (.pt2, .torchscript or
     .ts, .onnx). ``device`` moves a torch.export or TorchScript artifact (``"cpu"`` loads a GPU export on a
     machine without one) and picks onnxruntime's CUDA provider for ``"cuda"``. No model class is imported.
+
+    A ``.pt2`` is checked before torch reads it and refused (TrainwiseError naming the entry) unless it holds only
+    what ``torch.export.save`` writes for a plain model: no pickles that torch would load with
+    ``weights_only=False``, no native code, aten operators only and no Python source in names, shape expressions
+    or guards, so loading one from elsewhere runs no code. TorchScript and ONNX files are programs: load those only
+    from sources you trust like code (docs/security.md). A damaged artifact or sidecar is one sentence too.
     """
     artifact = Path(path)
     if not artifact.is_file():
@@ -694,20 +720,28 @@ def load_exported(
 def _load(
     artifact: Path, format: str | None, device: str | torch.device | None, metadata: dict[str, Any]
 ) -> ExportedModel:
-    format = format or metadata.get("format") or _SUFFIX_FORMATS.get(artifact.suffix.lower())
+    by_suffix = _SUFFIX_FORMATS.get(artifact.suffix.lower())
+    recorded = metadata.get("format")
+    if format is None and recorded is not None and by_suffix is not None and recorded != by_suffix:
+        # A sidecar must not turn a .pt2 (data) into a TorchScript or ONNX load (programs) behind the user's back.
+        raise TrainwiseError(
+            f"sidecar {_sidecar_path(artifact).name} says format {recorded!r} but the suffix {artifact.suffix!r} "
+            f"says {by_suffix!r}; delete the sidecar or pass format= explicitly."
+        )
+    format = format or recorded or by_suffix
     if format not in FORMATS:
         raise TrainwiseError(
             f"cannot tell the format of {artifact} (no sidecar {_sidecar_path(artifact).name}, suffix "
             f"{artifact.suffix!r}); pass format= one of {', '.join(FORMATS)}."
         )
-    target = None if device is None else torch.device(device)
+    try:
+        target = None if device is None else torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise TrainwiseError(f"device {device!r} is not a torch device; pass e.g. 'cpu' or 'cuda'.") from None
     if format == "torch.export":
         return _load_torch_export(artifact, metadata, target)
     if format == "torchscript":
-        with _quiet_jit():
-            module = torch.jit.load(str(artifact), map_location=target)
-        module.eval()
-        return ExportedModel(artifact, format, metadata, _no_grad(module), f"torch {torch.__version__}", target)
+        return _load_torchscript(artifact, metadata, target)
     return _load_onnx(artifact, metadata, target)
 
 
@@ -719,14 +753,63 @@ def _no_grad(function: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _load_torch_export(artifact: Path, metadata: dict[str, Any], device: torch.device | None) -> ExportedModel:
-    program = torch.export.load(str(artifact))
-    if device is not None:
-        from torch.export.passes import move_to_device_pass
+def _unreadable(artifact: Path, kind: str, exc: BaseException) -> TrainwiseError:
+    """One sentence for an artifact that its runtime cannot read (empty, truncated, not that format at all)."""
+    reason = _first_line(exc).split(". ")[0][:160]  # runtimes append advice in further sentences
+    return TrainwiseError(
+        f"{artifact} is not a readable {kind} file ({type(exc).__name__}: {reason}); export the model again with "
+        "trainwise export (or check that the file was copied completely)."
+    )
 
-        program = move_to_device_pass(program, device)
-    module = program.module()
+
+def _load_torchscript(artifact: Path, metadata: dict[str, Any], device: torch.device | None) -> ExportedModel:
+    # A TorchScript file is a program: torch.jit.load compiles its code and runs its __setstate__ methods. It is
+    # trusted like code (docs/security.md); here only unreadable files are turned into one sentence.
+    try:
+        with _quiet_jit():
+            module = torch.jit.load(str(artifact), map_location=device)
+        module.eval()
+    except Exception as exc:
+        raise _unreadable(artifact, "TorchScript", exc) from None
+    return ExportedModel(artifact, "torchscript", metadata, _no_grad(module), f"torch {torch.__version__}", device)
+
+
+def _load_torch_export(artifact: Path, metadata: dict[str, Any], device: torch.device | None) -> ExportedModel:
+    """Check the archive (see :func:`_check_pt2`), then load those same bytes with torch.export.load."""
+    try:
+        data = artifact.read_bytes()
+    except OSError as exc:
+        raise TrainwiseError(f"cannot read {artifact} ({exc.strerror or exc}); check the file's permissions.") from None
+    _check_pt2(data, artifact)
+    try:
+        with _quiet_torch_export_load():
+            program = torch.export.load(io.BytesIO(data))  # the checked bytes, not the file again
+            if device is not None:
+                from torch.export.passes import move_to_device_pass
+
+                program = move_to_device_pass(program, device)
+            module = program.module()
+    except TrainwiseError:
+        raise
+    except Exception as exc:
+        raise _unreadable(artifact, ".pt2 (torch.export)", exc) from None
     return ExportedModel(artifact, "torch.export", metadata, _no_grad(module), f"torch {torch.__version__}", device)
+
+
+@contextlib.contextmanager
+def _quiet_torch_export_load() -> Iterator[None]:
+    """torch.export.load logs a multi-line traceback and warns before it raises; the error says it in one line."""
+    loggers = [logging.getLogger(name) for name in ("torch.export", "torch._export")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _load_onnx(artifact: Path, metadata: dict[str, Any], device: torch.device | None) -> ExportedModel:
@@ -734,7 +817,10 @@ def _load_onnx(artifact: Path, metadata: dict[str, Any], device: torch.device | 
     providers = ["CPUExecutionProvider"]
     if device is not None and device.type == "cuda":
         providers.insert(0, "CUDAExecutionProvider")
-    session = ort.InferenceSession(str(artifact), providers=providers)
+    try:
+        session = ort.InferenceSession(str(artifact), providers=providers)
+    except Exception as exc:
+        raise _unreadable(artifact, "ONNX", exc) from None
     names = [node.name for node in session.get_inputs()]
 
     def run(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -744,6 +830,459 @@ def _load_onnx(artifact: Path, metadata: dict[str, Any], device: torch.device | 
         return tuple(torch.from_numpy(np.asarray(out)) for out in session.run(None, feed))
 
     return ExportedModel(artifact, "onnx", metadata, run, f"onnxruntime {ort.__version__}", device)
+
+
+# -- untrusted .pt2 archives ---------------------------------------------------------------------------------
+#
+# torch.export.load is not safe on a file from someone else: it unpickles with weights_only=False every weight or
+# constant whose config entry says use_pickle, every "opaque" constant, the legacy data/weights/<model>.pt and
+# data/constants/<model>.pt, the whole pre-2.8 layout, and the sample inputs whenever they fail the weights-only
+# unpickler; it loads AOTInductor shared libraries; it evaluates every symbolic shape expression with
+# sympy.sympify (Python eval); ExportedProgram.module() execs the archive's guards_code and pastes names from the
+# graph into generated Python source; and a graph node may name any torch.* callable (torch.os.system). So before
+# torch sees a byte, the archive must look exactly like what torch.export.save writes for a plain model: only
+# known entries, stored uncompressed, no pickles outside the weights-only sample inputs, aten/prims operators
+# only, and every name, expression and guard within a grammar that cannot express a call to anything else.
+
+_PT2_ROOT_ENTRIES = {"archive_format", "archive_version", "byteorder", ".data/version", ".data/serialization_id"}
+_PT2_WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
+_PT2_CONSTANTS_CONFIG = "data/constants/model_constants_config.json"
+_PT2_MODEL = "models/model.json"
+_PT2_SAMPLE_INPUTS = "data/sample_inputs/model.pt"
+_PT2_ENTRIES = _PT2_ROOT_ENTRIES | {_PT2_WEIGHTS_CONFIG, _PT2_CONSTANTS_CONFIG, _PT2_MODEL, _PT2_SAMPLE_INPUTS}
+_PT2_PAYLOAD = re.compile(r"data/weights/weight_\d{1,9}|data/constants/tensor_\d{1,9}")
+_PT2_EXTRA = re.compile(r"extra/[A-Za-z0-9_.\-]{1,200}")  # read back as plain text, never run
+_PT2_LEGACY = {  # the layout of torch <= 2.7, which torch.export.load still falls back to: all of it pickled
+    "version",
+    "serialized_exported_program.json",
+    "serialized_state_dict.pt",
+    "serialized_state_dict.json",
+    "serialized_constants.pt",
+    "serialized_constants.json",
+    "serialized_example_inputs.pt",
+}
+_PT2_JSON_LIMIT = 256 << 20  # bytes of one JSON entry
+_PT2_SAFE_NAME = re.compile(r"[A-Za-z0-9_.+\-]{0,1000}")  # tensor, parameter, node and symbol names
+_PT2_DUNDER = re.compile(r"(?:^|\.)__")  # self.__class__...: no name may reach Python's special attributes
+# Keys whose strings torch keeps as data (repr'd, split or json-parsed, never pasted into code): any text goes.
+_PT2_FREE_TEXT = {
+    "stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "custom", "from_node", "torch_version",
+    "as_string", "as_strings",
+}  # fmt: skip
+_PT2_HIGHER_ORDER = {
+    "cond", "while_loop", "map_impl", "scan", "associative_scan", "wrap_with_set_grad_enabled",
+    "wrap_with_autocast", "invoke_subgraph",
+}  # fmt: skip
+# aten operators that touch the file system or build tensors without their invariants being checked.
+_PT2_DENIED_OPS = re.compile(r"save|from_file|_print|_sparse_\w*_unsafe|_nested_view_from_\w+")
+_PT2_OPERATOR = re.compile(r"torch\.ops\.(aten|prims)\.([A-Za-z_]\w{0,200})\.([A-Za-z_]\w{0,200})")
+_PT2_HOP = re.compile(r"torch\.ops\.higher_order\.(\w{1,200})")
+_PT2_SYM_OPS = {  # what torch's serializer writes for the _SYM_OPS of torch._export.serde.serialize
+    *(f"_operator.{name}" for name in (
+        "add", "and_", "eq", "floordiv", "ge", "gt", "le", "lshift", "lt", "mod", "mul", "ne", "neg", "or_", "pos",
+        "pow", "rshift", "sub", "truediv",
+    )),
+    "math.trunc", "torch._sym_sqrt", "torch.sym_float", "torch.sym_int", "torch.sym_ite", "torch.sym_max",
+    "torch.sym_min", "torch.sym_not", "torch.sym_sqrt",
+}  # fmt: skip
+_SYMPY_CALLS = {
+    "Symbol", "Integer", "Float", "Rational", "Add", "Mul", "Pow", "Max", "Min", "Mod", "Abs", "floor", "ceiling",
+    "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "StrictLessThan", "StrictGreaterThan", "LessThan", "GreaterThan",
+    "Equality", "Unequality", "And", "Or", "Not", "Piecewise", "ExprCondPair", "sqrt",
+    # torch.utils._sympy.functions, as the deserializer hands them to sympify
+    "FloorDiv", "ModularIndexing", "Where", "PythonMod", "CleanDiv", "CeilToInt", "FloorToInt", "CeilDiv",
+    "LShift", "RShift", "PowByNatural", "FloatPow", "FloatTrueDiv", "IntTrueDiv", "IsNonOverlappingAndDenseIndicator",
+    "TruncToFloat", "TruncToInt", "RoundToInt", "RoundDecimal", "ToFloat", "Identity", "BitwiseFn_bitwise_and",
+    "BitwiseFn_bitwise_or", "BitwiseFn_bitwise_xor",
+    *(f"OpaqueUnaryFn_{name}" for name in (
+        "acos", "asin", "asinh", "atan", "cos", "cosh", "exp", "log", "log2", "sin", "sinh", "sqrt", "tan", "tanh",
+    )),
+}  # fmt: skip
+_SYMPY_CONSTANTS = {"oo", "zoo", "nan", "int_oo", "true", "false", "pi", "E"}
+_SYMPY_KEYWORDS = {
+    "integer", "positive", "negative", "nonnegative", "nonpositive", "real", "finite", "infinite", "zero",
+    "nonzero", "precision", "evaluate", "commutative", "rational", "extended_real", "extended_positive",
+    "extended_negative", "extended_nonnegative", "extended_nonpositive",
+}  # fmt: skip
+_SYMBOL_NAME = re.compile(r"[a-z]{1,8}\d{1,9}")  # s77, u0, ps3, zf1: torch's shape symbols
+_GUARD_CALLS = {"abs", "min", "max", "len", "int", "float", "IsNonOverlappingAndDenseIndicator"}
+_GUARD_METHODS = {"size", "stride", "storage_offset", "dim", "numel"}
+_GUARD_MATH = {"isnan", "isinf", "isfinite", "floor", "ceil", "trunc", "sqrt", "inf"}
+_EXPR_LIMIT = 20_000  # characters of one expression or guard
+_POW_LIMIT = 64  # largest literal exponent: Pow(Integer(10), Integer(10**9)) would hang the loader
+
+
+class _Refused(Exception):
+    """An archive that must not reach torch.export.load: ``entry`` and a phrase saying what it holds."""
+
+    def __init__(self, entry: str, what: str, *, unsafe: bool = True) -> None:
+        super().__init__(entry, what)
+        self.entry, self.what, self.unsafe = entry, what, unsafe
+
+
+def _check_pt2(data: bytes, artifact: Path) -> None:
+    """Raise TrainwiseError (one sentence naming the entry) unless ``data`` is a plain torch.export.save archive."""
+    try:
+        _check_pt2_archive(data)
+    except _Refused as refused:
+        if refused.unsafe:
+            raise TrainwiseError(
+                f"refusing to load {artifact}: {refused.entry} {refused.what}, a way for a crafted file to run "
+                "code; export the model again with trainwise export."
+            ) from None
+        raise TrainwiseError(
+            f"{artifact} is not a readable .pt2 archive ({refused.entry} {refused.what}); export the model again "
+            "with trainwise export (or check that the file was copied completely)."
+        ) from None
+    except Exception as exc:  # zipfile, miniz and json on damaged bytes: nothing of the archive has run
+        raise _unreadable(artifact, ".pt2 (torch.export)", exc) from None
+
+
+def _check_pt2_archive(data: bytes) -> None:
+    if not data:
+        raise _Refused("the file", "is empty", unsafe=False)
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile:
+        raise _Refused("the file", "is not a zip archive", unsafe=False) from None
+    with archive:
+        infos = archive.infolist()
+        if not infos:
+            raise _Refused("the archive", "has no entries", unsafe=False)
+        root = infos[0].filename.split("/", 1)[0] if "/" in infos[0].filename else ""
+        names: dict[str, zipfile.ZipInfo] = {}
+        for info in infos:
+            name = _pt2_entry_name(info.filename, root)
+            if name in names:
+                raise _Refused(info.filename, "appears twice in the archive")
+            if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+                raise _Refused(
+                    info.filename, "is compressed or encrypted, which torch.export.save never writes", unsafe=False
+                )
+            names[name] = info
+    for required in (*sorted(_PT2_ROOT_ENTRIES - {".data/serialization_id"}), _PT2_MODEL, _PT2_WEIGHTS_CONFIG,
+                     _PT2_CONSTANTS_CONFIG, _PT2_SAMPLE_INPUTS):  # fmt: skip
+        if required not in names:
+            raise _Refused(required, "is missing", unsafe=False)
+    # torch reads the archive with its own zip reader (miniz): it must see exactly the entries checked here.
+    reader = torch._C.PyTorchFileReader(io.BytesIO(data))
+    if set(reader.get_all_records()) != set(names):
+        raise _Refused("the zip directory", "lists other entries than torch's own zip reader sees")
+
+    def record(name: str) -> bytes:
+        if reader.get_record_size(name) > _PT2_JSON_LIMIT:
+            raise _Refused(name, "is too large", unsafe=False)
+        return reader.get_record(name)
+
+    if record("archive_format") != b"pt2":
+        raise _Refused("archive_format", "does not say pt2", unsafe=False)
+    if record("archive_version") != b"0":
+        raise _Refused("archive_version", "is not 0, the version this check knows", unsafe=False)
+    sizes = {name: reader.get_record_size(name) for name in names if _PT2_PAYLOAD.fullmatch(name)}
+    _check_payload_config(record, _PT2_WEIGHTS_CONFIG, "data/weights/", "weight_", sizes)
+    _check_payload_config(record, _PT2_CONSTANTS_CONFIG, "data/constants/", "tensor_", sizes)
+    _check_sample_inputs(record(_PT2_SAMPLE_INPUTS))
+    _check_program(_json_entry(record, _PT2_MODEL))
+
+
+def _pt2_entry_name(filename: str, root: str) -> str:
+    """The entry's name below the archive's root folder, if it is one torch.export.save writes."""
+    if not root or not filename.startswith(root + "/"):
+        what = (
+            "belongs to the pre-2.8 layout, which torch would unpickle with weights_only=False"
+            if filename in _PT2_LEGACY
+            else "lies outside the archive's root folder"
+        )
+        raise _Refused(repr(filename), what, unsafe=filename in _PT2_LEGACY)
+    name = filename[len(root) + 1 :]
+    if name in _PT2_ENTRIES or _PT2_PAYLOAD.fullmatch(name) or _PT2_EXTRA.fullmatch(name):
+        return name
+    if name.startswith("data/aotinductor/"):
+        what = "is AOTInductor native code that torch would load as a shared library"
+    elif "custom_obj_" in name or "opaque_obj_" in name:
+        what = "is a pickled object that torch would unpickle with weights_only=False"
+    elif name in ("data/weights/model.pt", "data/constants/model.pt") or name in _PT2_LEGACY:
+        what = "is a legacy-layout pickle that torch would unpickle with weights_only=False"
+    else:
+        raise _Refused(repr(name), "is not an entry torch.export.save writes for a plain model", unsafe=False)
+    raise _Refused(repr(name), what)
+
+
+def _json_entry(record: Callable[[str], bytes], name: str) -> Any:
+    try:
+        return json.loads(record(name).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise _Refused(name, f"is not JSON ({_first_line(exc)})", unsafe=False) from None
+
+
+def _check_payload_config(
+    record: Callable[[str], bytes], name: str, folder: str, prefix: str, sizes: dict[str, int]
+) -> None:
+    """Every entry a raw tensor (never ``use_pickle``) whose bytes are all in the archive."""
+    config = _json_entry(record, name)
+    entries = config.get("config") if isinstance(config, dict) else None
+    if not isinstance(entries, dict):
+        raise _Refused(name, "has no config mapping", unsafe=False)
+    dtypes: dict[str, Any] = {}
+    for fqn, meta in entries.items():
+        where = f"{name} entry {str(fqn)[:80]!r}"
+        if not _is_safe_name(fqn):
+            raise _Refused(where, "is not a plain attribute path, yet torch would set it on a module")
+        if not isinstance(meta, dict) or not isinstance(meta.get("path_name"), str):
+            raise _Refused(where, "has no path_name", unsafe=False)
+        path = meta["path_name"]
+        if meta.get("use_pickle") is not False:
+            raise _Refused(where, f"asks torch to unpickle {folder}{path[:80]} with weights_only=False (use_pickle)")
+        if not path.startswith(prefix) or f"{folder}{path}" not in sizes:
+            raise _Refused(where, f"points to {folder}{path[:80]!r}, which is not a tensor file of the archive")
+        dtype, nbytes = _check_tensor_meta(meta.get("tensor_meta"), where)
+        if dtypes.setdefault(path, dtype) is not dtype:
+            raise _Refused(where, "reads a shared tensor file with another dtype", unsafe=False)
+        if nbytes > sizes[f"{folder}{path}"]:
+            raise _Refused(where, "describes a tensor larger than its file", unsafe=False)
+
+
+def _check_tensor_meta(meta: Any, where: str) -> tuple[torch.dtype, int]:
+    """The dtype and the bytes the strided tensor spans (0 when empty); plain integers only, no expressions."""
+    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
+
+    if not isinstance(meta, dict):
+        raise _Refused(where, "has no tensor_meta", unsafe=False)
+    dtype = _SERIALIZE_TO_TORCH_DTYPE.get(meta.get("dtype")) if isinstance(meta.get("dtype"), int) else None
+    if dtype is None:
+        raise _Refused(where, "has an unknown dtype", unsafe=False)
+
+    def ints(value: Any) -> list[int]:
+        items = value if isinstance(value, list) else None
+        if items is None or len(items) > 64:
+            raise _Refused(where, "has malformed sizes or strides", unsafe=False)
+        numbers = [item.get("as_int") if isinstance(item, dict) and len(item) == 1 else None for item in items]
+        if not all(type(number) is int and 0 <= number < 1 << 62 for number in numbers):
+            raise _Refused(where, "has sizes or strides that are not plain non-negative integers", unsafe=False)
+        return numbers  # type: ignore[return-value]
+
+    sizes, strides, (offset,) = ints(meta.get("sizes")), ints(meta.get("strides")), ints([meta.get("storage_offset")])
+    if len(sizes) != len(strides):
+        raise _Refused(where, "has a different number of sizes and strides", unsafe=False)
+    if any(size == 0 for size in sizes):
+        return dtype, 0
+    last = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides))
+    return dtype, (last + 1) * dtype.itemsize
+
+
+def _check_sample_inputs(data: bytes) -> None:
+    """torch tries weights_only=True first and falls back to weights_only=False: the first must succeed here."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sample = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception:
+        raise _Refused(
+            _PT2_SAMPLE_INPUTS, "fails the weights-only unpickler, so torch would unpickle it with weights_only=False"
+        ) from None
+    if not (isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[1], dict)):
+        raise _Refused(_PT2_SAMPLE_INPUTS, "is not an (args, kwargs) pair", unsafe=False)
+    stack = [sample]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if not (isinstance(key, str) and key.isidentifier()):
+                    raise _Refused(
+                        _PT2_SAMPLE_INPUTS, f"has the keyword {str(key)[:80]!r}, which torch pastes into code"
+                    )
+                stack.append(value)
+        elif isinstance(item, (tuple, list)):
+            stack.extend(item)
+        elif not (item is None or isinstance(item, (torch.Tensor, bool, int, float))):
+            raise _Refused(_PT2_SAMPLE_INPUTS, f"holds a {type(item).__name__}", unsafe=False)
+
+
+def _check_program(program: Any) -> None:
+    """Walk models/model.json: every string that reaches code is a plain name, operator, expression or guard."""
+    if not isinstance(program, dict):
+        raise _Refused(_PT2_MODEL, "is not a JSON object", unsafe=False)
+    guards = program.get("guards_code", [])
+    if not (isinstance(guards, list) and all(isinstance(guard, str) for guard in guards)):
+        raise _Refused(_PT2_MODEL, "has a guards_code that is not a list of strings", unsafe=False)
+    for guard in guards:
+        if not _is_plain_guard(guard):
+            raise _Refused(
+                f"{_PT2_MODEL} guards_code {guard[:80]!r}", "is not a plain shape check, yet torch would exec it"
+            )
+    stack: list[tuple[str, Any]] = [("", program)]
+    while stack:
+        key, value = stack.pop()
+        if key in _PT2_FREE_TEXT or key == "guards_code":
+            continue
+        if key == "expr_str":
+            if not (isinstance(value, str) and _is_plain_sympy(value)):
+                raise _Refused(
+                    f"{_PT2_MODEL} expr_str {str(value)[:80]!r}",
+                    "is not a plain sympy expression, yet torch would eval it",
+                )
+        elif key in ("in_spec", "out_spec", "context") and isinstance(value, str):
+            try:
+                parsed = json.loads(value)
+            except (ValueError, RecursionError):
+                raise _Refused(_PT2_MODEL, f"has a {key} that is not JSON", unsafe=False) from None
+            stack.append(("", parsed))
+        elif key in ("target", "as_operator"):  # only graph nodes have a target
+            _check_target(value)
+        elif key in ("as_custom_obj", "custom_obj", "custom_obj_values") and value:
+            raise _Refused(_PT2_MODEL, "uses a custom (torchbind) object that torch would rebuild from a pickle")
+        elif isinstance(value, dict):
+            for child_key, child in value.items():
+                if not _is_safe_name(child_key):
+                    raise _Refused(
+                        _PT2_MODEL, f"has the name {child_key[:80]!r}, which torch would paste into Python code"
+                    )
+                stack.append((child_key, child))
+        elif isinstance(value, list):
+            stack.extend((key, child) for child in value)
+        elif isinstance(value, str) and not _is_safe_name(value):
+            raise _Refused(_PT2_MODEL, f"has the name {value[:80]!r}, which torch would paste into Python code")
+
+
+def _is_safe_name(text: str) -> bool:
+    return bool(_PT2_SAFE_NAME.fullmatch(text)) and not _PT2_DUNDER.search(text)
+
+
+def _check_target(target: Any) -> None:
+    """aten and prims operators (not the file-touching ones), a few control-flow operators, and symbolic math."""
+    if not isinstance(target, str):
+        raise _Refused(_PT2_MODEL, "has a node without an operator name", unsafe=False)
+    if target in _PT2_SYM_OPS:
+        return
+    hop = _PT2_HOP.fullmatch(target)
+    if hop and hop.group(1) in _PT2_HIGHER_ORDER:
+        return
+    match = _PT2_OPERATOR.fullmatch(target)
+    if match is None or "__" in target:
+        raise _Refused(f"{_PT2_MODEL} node {target[:80]!r}", "calls something other than a PyTorch operator")
+    namespace, op, overload = match.groups()
+    if _PT2_DENIED_OPS.fullmatch(op):
+        raise _Refused(
+            f"{_PT2_MODEL} node {target!r}", "calls an operator that touches files or skips its own safety checks"
+        )
+    try:
+        resolved = getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    except (AttributeError, RuntimeError):
+        resolved = None
+    if not isinstance(resolved, torch._ops.OpOverload):
+        raise _Refused(f"{_PT2_MODEL} node {target!r}", "is not an operator of this torch", unsafe=False)
+
+
+def _parse_expression(text: str) -> ast.Expression | None:
+    if len(text) > _EXPR_LIMIT:
+        return None
+    try:
+        return ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+_ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.BitAnd, ast.BitOr, ast.BitXor)
+_COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+_UNARY = (ast.USub, ast.UAdd, ast.Not, ast.Invert)
+
+
+def _small_power(node: ast.BinOp | ast.Call) -> bool:
+    exponent = node.right if isinstance(node, ast.BinOp) else (node.args[1] if len(node.args) > 1 else None)
+    if isinstance(exponent, ast.Call) and exponent.args:  # Integer(3)
+        exponent = exponent.args[0]
+    if isinstance(exponent, ast.UnaryOp):
+        exponent = exponent.operand
+    return not isinstance(exponent, ast.Constant) or (
+        isinstance(exponent.value, (int, float)) and abs(exponent.value) <= _POW_LIMIT
+    )
+
+
+def _is_plain_sympy(text: str) -> bool:
+    """What ``sympy.srepr`` writes for shape expressions: whitelisted constructors, numbers, symbol names."""
+    tree = _parse_expression(text)
+    if tree is None:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Expression, ast.Load, *_ARITHMETIC, *_COMPARISONS, *_UNARY, ast.UnaryOp, ast.Compare)):
+            continue
+        if isinstance(node, ast.BinOp):
+            if not isinstance(node.op, _ARITHMETIC) or (isinstance(node.op, ast.Pow) and not _small_power(node)):
+                return False
+        elif isinstance(node, ast.Call):
+            if not (isinstance(node.func, ast.Name) and node.func.id in _SYMPY_CALLS):
+                return False
+            if node.func.id in ("Pow", "PowByNatural", "FloatPow") and not _small_power(node):
+                return False
+            if node.func.id in ("Symbol", "Float", "Integer", "Rational"):
+                for arg in node.args:  # only these take strings, and only names or numbers
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                        if not _PT2_SAFE_NAME.fullmatch(arg.value) or len(arg.value) > 100:
+                            return False
+                        arg.value = 0  # checked; the Constant rule below then allows it
+        elif isinstance(node, ast.keyword):
+            if node.arg not in _SYMPY_KEYWORDS or not isinstance(node.value, ast.Constant):
+                return False
+        elif isinstance(node, ast.Name):
+            if not (node.id in _SYMPY_CALLS or node.id in _SYMPY_CONSTANTS or _SYMBOL_NAME.fullmatch(node.id)):
+                return False
+        elif isinstance(node, ast.Constant):
+            if type(node.value) not in (int, float, bool) or (type(node.value) is int and abs(node.value) >= 1 << 64):
+                return False
+        else:
+            return False
+    return True
+
+
+def _is_plain_guard(text: str) -> bool:
+    """Shape checks such as ``L['x'].size()[0] == L['w'].size()[0]`` or ``2 <= L['x'].size()[0]``."""
+    tree = _parse_expression(text)
+    if tree is None:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Expression, ast.Load, *_ARITHMETIC, *_COMPARISONS, *_UNARY, ast.UnaryOp, ast.Compare)):
+            continue
+        if isinstance(node, (ast.BoolOp, ast.And, ast.Or)):
+            continue
+        if isinstance(node, ast.BinOp):
+            if isinstance(node.op, ast.Pow) and not _small_power(node):
+                return False
+        elif isinstance(node, ast.Subscript):
+            key = node.slice
+            if isinstance(node.value, ast.Name) and node.value.id == "L":
+                if not (isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value.isidentifier()):
+                    return False
+                key.value = 0  # checked: the input's name
+            elif not (isinstance(key, ast.Constant) and type(key.value) is int):
+                return False
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if node.keywords:
+                return False
+            if isinstance(func, ast.Name):
+                if func.id not in _GUARD_CALLS:
+                    return False
+            elif isinstance(func, ast.Attribute):
+                if not (func.attr in _GUARD_METHODS or (_is_math(func.value) and func.attr in _GUARD_MATH)):
+                    return False
+            else:
+                return False
+        elif isinstance(node, ast.Attribute):
+            if not (node.attr in _GUARD_METHODS or (_is_math(node.value) and node.attr in _GUARD_MATH)):
+                return False
+        elif isinstance(node, ast.Name):
+            if node.id not in ("L", "math", "inf") and node.id not in _GUARD_CALLS:
+                return False
+        elif isinstance(node, ast.Constant):
+            if type(node.value) not in (int, float, bool) or (type(node.value) is int and abs(node.value) >= 1 << 64):
+                return False
+        else:
+            return False
+    return True
+
+
+def _is_math(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == "math"
 
 
 def _check_inputs(inputs: tuple[Any, ...], specs: list[dict[str, Any]] | None, artifact: Path) -> None:
@@ -780,14 +1319,55 @@ def _sidecar_path(artifact: Path) -> Path:
 
 
 def _read_sidecar(artifact: Path) -> dict[str, Any]:
+    """The sidecar's metadata, checked (it may come with an artifact from elsewhere); {} when there is none."""
     sidecar = _sidecar_path(artifact)
     if not sidecar.is_file():
         return {}
     try:
+        if sidecar.stat().st_size > _SIDECAR_LIMIT:
+            raise TrainwiseError(
+                f"sidecar {sidecar} is over 1 MiB, far more than export writes; delete it or export again."
+            )
         data = json.loads(sidecar.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise TrainwiseError(f"sidecar {sidecar} is unreadable ({exc}); delete it or export again.") from None
-    return data if isinstance(data, dict) else {}
+    except (OSError, ValueError, RecursionError) as exc:
+        raise TrainwiseError(
+            f"sidecar {sidecar} is unreadable ({type(exc).__name__}: {_first_line(exc)}); delete it or export again."
+        ) from None
+    problem = _sidecar_problem(data)
+    if problem:
+        raise TrainwiseError(f"sidecar {sidecar} is malformed ({problem}); delete it or export the model again.")
+    return data
+
+
+def _sidecar_problem(data: Any) -> str | None:
+    """What is wrong with a sidecar's structure, as a clause; None when it is what :func:`export` writes."""
+    if not isinstance(data, dict):
+        return f"its top level is a JSON {type(data).__name__}, not an object"
+    for key in ("format", "inputs", "outputs"):
+        if key not in data:
+            return f"the key {key!r} is missing"
+    if data["format"] not in FORMATS:
+        return f"format is {str(data['format'])[:40]!r}, not one of {', '.join(FORMATS)}"
+    for key in ("single_output", "dynamic_batch"):
+        if key in data and not isinstance(data[key], bool):
+            return f"{key} must be true or false"
+    for key in ("inputs", "outputs"):
+        specs = data[key]
+        if not isinstance(specs, list) or len(specs) > _SIDECAR_MAX_SPECS:
+            return f"{key} must be a list of at most {_SIDECAR_MAX_SPECS} tensor specs"
+        for position, spec in enumerate(specs):
+            where = f"{key}[{position}]"
+            if not isinstance(spec, dict):
+                return f"{where} must be an object with name, shape and dtype"
+            name, shape, dtype = spec.get("name"), spec.get("shape"), spec.get("dtype")
+            if not isinstance(name, str) or not 0 < len(name) <= 200:
+                return f"{where}.name must be a non-empty string"
+            if not isinstance(dtype, str) or not isinstance(vars(torch).get(dtype), torch.dtype):
+                return f"{where}.dtype must name a torch dtype such as 'float32'"
+            sizes_ok = isinstance(shape, list) and len(shape) <= 64
+            if not sizes_ok or not all(size == "batch" or (type(size) is int and size >= 0) for size in shape):
+                return f"{where}.shape must be a list of sizes and 'batch'"
+    return None
 
 
 def _require(package: str, purpose: str) -> types.ModuleType:

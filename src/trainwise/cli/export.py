@@ -197,13 +197,25 @@ def run_predict(args: argparse.Namespace) -> int:
     from trainwise.exporting import load_exported
 
     artifact = load_exported(args.artifact, format=args.format)
-    arrays = _read_inputs(Path(args.input), artifact.input_names)
+    source = Path(args.input)
+    arrays = _read_inputs(source, artifact.input_names)
     specs = artifact.metadata.get("inputs") or []
     for position, spec in enumerate(specs[: len(arrays)]):
-        wanted = np.dtype(spec["dtype"]) if spec["dtype"] != "bfloat16" else None
+        wanted = _numpy_dtype(spec["dtype"])
         if wanted is not None and wanted.kind == "f" and arrays[position].dtype.kind == "f":
             arrays[position] = arrays[position].astype(wanted)  # np.save of random data gives float64
-    outputs = artifact.run_tuple(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays))
+    tensors = [torch.from_numpy(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("="))) for a in arrays]
+    try:
+        outputs = artifact.run_tuple(*tensors)
+    except TrainwiseError:
+        raise
+    except Exception as exc:  # the runtime's own error, e.g. a shape the model cannot take (no sidecar to check)
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        reason = reason.split(". ")[0][:300]  # the first sentence: runtimes append advice and dumps
+        raise TrainwiseError(
+            f"{Path(args.artifact).name} fails on {source.name} with {type(exc).__name__}: {reason}; check the "
+            "array's shape and dtype against the model's inputs."
+        ) from None
     results = [
         out.detach().cpu().float().numpy() if out.dtype == torch.bfloat16 else out.detach().cpu().numpy()
         for out in outputs
@@ -237,15 +249,41 @@ def _read_inputs(path: Path, names: list[str]) -> list[Any]:
     if not path.is_file():
         raise TrainwiseError(f"input file {path} does not exist; save the batch with numpy.save('{path}', x).")
     try:
+        # allow_pickle=False: an object array is a pickle, and unpickling a file from elsewhere can run code
         loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise TrainwiseError(f"cannot read {path} as a .npy or .npz array ({exc}); save it with numpy.save.") from None
-    if isinstance(loaded, np.ndarray):
-        return [loaded]
-    with loaded:
-        keys = list(loaded.files)
-        order = names if names and sorted(names) == sorted(keys) else keys
-        return [loaded[key] for key in order]
+        if isinstance(loaded, np.ndarray):
+            arrays = {"": loaded}
+        else:
+            with loaded:
+                keys = list(loaded.files)
+                order = names if names and sorted(names) == sorted(keys) else keys
+                arrays = {key: loaded[key] for key in order}
+    except Exception as exc:  # numpy and zipfile raise many types for a damaged file; nothing in it has run
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise TrainwiseError(
+            f"cannot read {path} as a .npy or .npz array ({type(exc).__name__}: {reason.split('. ')[0][:200]}); "
+            "save it with numpy.save (numbers only, no object arrays)."
+        ) from None
+    if not arrays:
+        raise TrainwiseError(f"{path} holds no arrays; save the batch with numpy.save or numpy.savez.")
+    for key, array in arrays.items():
+        if array.dtype.kind not in "biufc":
+            label = f" {key!r}" if key else ""
+            raise TrainwiseError(
+                f"array{label} in {path} has dtype {array.dtype}, not numbers; save a numeric array (e.g. "
+                "x.astype('float32'))."
+            )
+    return list(arrays.values())
+
+
+def _numpy_dtype(name: str) -> Any:
+    """NumPy's dtype of that name, or None for torch-only dtypes (bfloat16, float8...)."""
+    import numpy as np
+
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return None
 
 
 def _save_outputs(path: Path, names: list[str], results: list[Any]) -> Path:
