@@ -94,8 +94,6 @@ def test_unreadable_folder_and_file(tmp_path):
 
 def test_permission_errors_simulated(tmp_path, monkeypatch):
     """The same as above where the tests run as root (who may read anything): the OS calls fail."""
-    import pathlib
-
     import trainwise.doctor.engine as engine
 
     locked = tmp_path / "locked"
@@ -103,20 +101,20 @@ def test_permission_errors_simulated(tmp_path, monkeypatch):
     (locked / "a.py").write_text(GOOD)
     (tmp_path / "secret.py").write_text(GOOD)
     (tmp_path / "good.py").write_text(GOOD)
-    real_scandir, real_read = os.scandir, pathlib.Path.read_bytes
+    real_scandir, real_open = os.scandir, os.open
 
     def scandir(path):
         if os.path.basename(path) == "locked":
             raise PermissionError(13, "Permission denied")
         return real_scandir(path)
 
-    def read_bytes(self):
-        if self.name == "secret.py":
+    def os_open(path, flags, *args, **kwargs):
+        if os.path.basename(path) == "secret.py":
             raise PermissionError(13, "Permission denied")
-        return real_read(self)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(engine.os, "scandir", scandir)
-    monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(engine.os, "open", os_open)
     results = {os.path.basename(r.path): r for r in check_paths([str(tmp_path)])}
     assert [f.message for f in results["locked"].findings] == ["cannot read folder: Permission denied"]
     assert [f.message for f in results["secret.py"].findings] == ["cannot read: Permission denied"]

@@ -6,7 +6,10 @@ Exit 0 without findings, 1 with findings, 2 on a usage error. Never imports torc
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -33,6 +36,29 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with _current_folder_off_sys_path():
+        return _run(args)
+
+
+@contextlib.contextmanager
+def _current_folder_off_sys_path() -> Iterator[None]:
+    """``python -m`` puts the current folder first on ``sys.path``, so a checked project's own ``tomllib.py``,
+    ``libcst.py`` or ``tokenize.py`` would run when the doctor imports that module. The doctor reads code, it
+    never runs it: while it works, the current folder is not searched for modules."""
+    try:
+        here = os.path.realpath(os.getcwd())
+    except OSError:
+        here = None
+    saved = list(sys.path)
+    sys.path[:] = [p for p in saved if p not in ("", ".") and (here is None or os.path.realpath(p) != here)]
+    try:
+        yield
+    finally:
+        added = [p for p in sys.path if p not in saved]
+        sys.path[:] = saved + added
+
+
+def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from trainwise.doctor import engine
@@ -62,16 +88,32 @@ def run(args: argparse.Namespace) -> int:
     if args.fix or args.diff:
         return _fix(results, config, args)
     findings = [f for r in results for f in r.findings]
-    render(findings, sys.stdout, fmt=args.format, files=len(results))
+    render(findings, _Out(sys.stdout), fmt=args.format, files=len(results))
     return 1 if findings else 0
+
+
+class _Out:
+    """``sys.stdout`` that writes what its encoding cannot hold as backslash escapes instead of raising: a file
+    name that is not valid UTF-8 reaches Python as lone surrogates, and so may a string in a notebook."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except UnicodeEncodeError:
+            encoding = getattr(self._stream, "encoding", None) or "utf-8"
+            return self._stream.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))
+
+    def flush(self) -> None:
+        self._stream.flush()
 
 
 def _fix(results: list, config: Any, args: argparse.Namespace) -> int:
     """Apply (or with --diff, show) the fixes; then report what is left."""
-    from pathlib import Path
-
     from trainwise.doctor import engine
-    from trainwise.doctor.fix import apply_fixes, fixes_to_apply, import_libcst, unified_diff
+    from trainwise.doctor.fix import apply_fixes, fixes_to_apply, import_libcst, unified_diff, write_fixed
     from trainwise.doctor.report import render
 
     import_libcst()
@@ -89,10 +131,10 @@ def _fix(results: list, config: Any, args: argparse.Namespace) -> int:
         fixed += applied
         changed_files += 1
         if args.diff:
-            sys.stdout.write(unified_diff(result.path, result.source, new_source))
+            _Out(sys.stdout).write(unified_diff(result.path, result.source, new_source))
             remaining.extend(f for f in result.findings if f.fix not in fixes)
             continue
-        Path(result.path).write_bytes(new_source.encode(result.encoding))
+        write_fixed(result.path, new_source.encode(result.encoding), fixed_before=changed_files - 1)
         after = engine.check_file(result.path, config)
         remaining.extend(f for f in after.findings if config.enabled(f.code))
     if args.diff:
@@ -101,7 +143,7 @@ def _fix(results: list, config: Any, args: argparse.Namespace) -> int:
               f"{'s' if len(remaining) != 1 else ''} without a fix.", file=sys.stderr)
         return 1 if fixed or remaining else 0
     remaining.sort(key=lambda f: f.sort_key())
-    render(remaining, sys.stdout, fmt=args.format, files=len(results))
+    render(remaining, _Out(sys.stdout), fmt=args.format, files=len(results))
     if args.format == "text":
         print(f"Fixed {fixed} problem{'s' if fixed != 1 else ''} in {changed_files} "
               f"file{'s' if changed_files != 1 else ''}.")

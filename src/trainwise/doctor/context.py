@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Optional
 
+from trainwise.doctor.text import split_lines
+
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -209,7 +211,7 @@ class Context:
         self.tree = tree
         self.source = source
         self.path = path
-        self.lines = source.splitlines()
+        self.lines = split_lines(source)  # not str.splitlines: U+2028 in a string does not end a line
         self.parents: dict[ast.AST, ast.AST] = {}
         self.by_type: dict[type, list[ast.AST]] = {}
         self.aliases: dict[str, str] = {}  # local name -> qualified name, from every import in the file

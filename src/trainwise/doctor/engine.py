@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import ast
 import errno
-import io
 import os
 import re
 import stat
+import string
 import sys
 import tokenize
 from collections.abc import Iterable, Sequence
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from trainwise.doctor.context import Context
 from trainwise.doctor.rule import Finding, Rule
+from trainwise.doctor.text import LINE_BREAK
 from trainwise.errors import TrainwiseError
 
 PARSE_ERROR = "TW900"
@@ -28,7 +29,6 @@ SKIP_DIRS = frozenset({".venv", "venv", ".git", "build", "site-packages", "__pyc
 SUFFIXES = (".py", ".ipynb")
 CONFIG_KEYS = frozenset({"select", "ignore", "exclude", "unsafe-fixes"})
 _NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 # Set by the tests: a rule that raises makes the run fail instead of becoming a TW900 finding.
 STRICT = os.environ.get("TRAINWISE_DOCTOR_STRICT") == "1"
 
@@ -89,28 +89,67 @@ def _tomllib():  # type: ignore[no-untyped-def]
 
 def find_pyproject(start: Path) -> Path | None:
     """The nearest ``pyproject.toml`` at or above ``start`` that has a ``[tool.trainwise.doctor]`` table."""
+    found = _find_doctor_table(start)
+    return None if found is None else found[0]
+
+
+_OUR_TABLE = re.compile(rb"tool\s*\.\s*[\"']?trainwise")
+
+
+def _toml_type(value: object) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array",
+             dict: "a table"}
+    return next((name for kind, name in names.items() if isinstance(value, kind)), "a date or time")
+
+
+def _find_doctor_table(start: Path) -> tuple[Path, dict] | None:
+    """The nearest ``pyproject.toml`` with a ``[tool.trainwise.doctor]`` table, and that table.
+
+    Files without the table are passed over (so are unreadable ones, and invalid TOML that never mentions
+    ``tool.trainwise``); invalid TOML that does, or ``tool``, ``tool.trainwise`` or ``tool.trainwise.doctor``
+    that is not a table, is a ``TrainwiseError`` naming the key, as ruff does for its own table."""
     tomllib = None
     for folder in (start, *start.parents):
         candidate = folder / "pyproject.toml"
         try:
-            if candidate.is_file() and "trainwise" in candidate.read_text(encoding="utf-8", errors="replace"):
-                tomllib = tomllib or _tomllib()
-                with candidate.open("rb") as fh:
-                    data = tomllib.load(fh)
-                if "doctor" in data.get("tool", {}).get("trainwise", {}):
-                    return candidate
-        except (OSError, ValueError):  # unreadable, or invalid TOML (TOMLDecodeError is a ValueError)
+            if not candidate.is_file():
+                continue
+            data = candidate.read_bytes()
+        except OSError:
             continue
+        if b"trainwise" not in data:
+            continue
+        tomllib = tomllib or _tomllib()
+        try:
+            document = tomllib.loads(data.decode("utf-8"))
+        except (ValueError, RecursionError, MemoryError) as exc:  # TOMLDecodeError, UnicodeDecodeError: ValueError
+            if _OUR_TABLE.search(data) is None:
+                continue
+            reason = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else (
+                "nested too deeply" if not isinstance(exc, ValueError) else str(exc).splitlines()[0])
+            raise TrainwiseError(f"{candidate} is not valid TOML ({reason}), so its [tool.trainwise.doctor] "
+                                 "settings cannot be read; fix the file.") from None
+        table: object = document
+        for depth, key in enumerate(("tool", "trainwise", "doctor")):
+            value = table.get(key) if isinstance(table, dict) else None
+            if value is None:
+                break
+            if not isinstance(value, dict):
+                dotted = ".".join(("tool", "trainwise", "doctor")[: depth + 1])
+                raise TrainwiseError(f"{candidate}: {dotted} is {_toml_type(value)} but must be a table; put the "
+                                     "doctor's settings under a [tool.trainwise.doctor] header (see docs/doctor.md).")
+            table = value
+        else:
+            return candidate, table  # type: ignore[return-value]
     return None
 
 
 def load_config(start: Path | None = None) -> Config:
     """Settings of ``[tool.trainwise.doctor]`` (keys ``select``, ``ignore``, ``exclude``, ``unsafe-fixes``)."""
-    path = find_pyproject(Path.cwd() if start is None else start)
-    if path is None:
+    found = _find_doctor_table(Path.cwd() if start is None else start)
+    if found is None:
         return Config()
-    with path.open("rb") as fh:
-        table = _tomllib().load(fh)["tool"]["trainwise"]["doctor"]
+    path, table = found
     unknown = sorted(set(table) - CONFIG_KEYS)
     if unknown:
         raise TrainwiseError(f"{path}: unknown key {unknown[0]!r} in [tool.trainwise.doctor]; "
@@ -153,15 +192,21 @@ def check_source(source: str, path: str = "<string>", *, config: Config | None =
     return findings
 
 
+def parse(source: str, path: str) -> ast.Module | Finding:
+    """The ``ast`` of ``source``, or the ``TW900`` finding that says why it does not parse."""
+    try:
+        return ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        return parse_error(path, f"syntax error: {exc.msg}", exc.lineno or 1, exc.offset or 1)
+    except (ValueError, RecursionError, MemoryError) as exc:  # null bytes; too deeply nested to parse
+        return parse_error(path, f"cannot parse: {_describe(exc)}")
+
+
 def analyse(source: str, path: str, *, rules: Sequence[type[Rule]]) -> tuple[list[Finding], bool]:
     """Parse and run ``rules`` in one pass; returns the findings and whether the source parsed."""
-    try:
-        tree = ast.parse(source, filename=path)
-    except SyntaxError as exc:
-        line, col = exc.lineno or 1, exc.offset or 1
-        return [parse_error(path, f"syntax error: {exc.msg}", line, col)], False
-    except (ValueError, RecursionError, MemoryError) as exc:  # null bytes; too deeply nested to parse
-        return [parse_error(path, f"cannot parse: {_describe(exc)}")], False
+    tree = parse(source, path)
+    if isinstance(tree, Finding):
+        return [tree], False
     findings: list[Finding] = []
     try:
         run_rules(Context(tree, source, path), rules, findings)
@@ -172,7 +217,7 @@ def analyse(source: str, path: str, *, rules: Sequence[type[Rule]]) -> tuple[lis
             raise
         return [parse_error(path, f"internal error while checking this file: {type(exc).__name__}: {exc}")], True
     findings.sort(key=Finding.sort_key)
-    return apply_noqa(findings, _LINE_BREAK.split(source)), True
+    return apply_noqa(findings, LINE_BREAK.split(source)), True
 
 
 def run_rules(ctx: Context, rules: Sequence[type[Rule]], sink: list[Finding]) -> None:
@@ -207,10 +252,47 @@ def apply_noqa(findings: list[Finding], lines: list[str]) -> list[Finding]:
     return kept
 
 
+_BYTE_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+
+
 def decode(data: bytes) -> tuple[str, str]:
-    """Text and encoding of Python source bytes (PEP 263 cookie or BOM, else UTF-8)."""
-    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    """Text and encoding of Python source bytes (PEP 263 cookie or BOM, else UTF-8). Lines end at ``\\n``,
+    ``\\r\\n`` or a lone ``\\r``, as for Python itself (a file of lone ``\\r`` may declare its encoding too)."""
+    lines = (match.group() for match in _BYTE_LINE.finditer(data))
+    encoding, _ = tokenize.detect_encoding(lambda: next(lines, b""))
     return data.decode(encoding), encoding
+
+
+class _NotRegularFile(Exception):
+    """A named pipe, device or socket: reading it could block forever or never end."""
+
+
+def _file_kind(mode: int) -> str | None:
+    """What a non-regular file is, in words (None for a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+
+def _not_regular(kind: str) -> str:
+    return f"not a regular file but {kind}; skipped without reading it"
+
+
+def _read_bytes(path: str) -> bytes:
+    """The content of a regular file. Anything else is refused before it is opened (a named pipe would block
+    the run, a device might never end); a file swapped for one in between is opened without blocking and
+    refused too."""
+    kind = _file_kind(os.stat(path).st_mode)
+    if kind is not None:
+        raise _NotRegularFile(_not_regular(kind))
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as fh:
+        kind = _file_kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise _NotRegularFile(_not_regular(kind))
+        return fh.read()
 
 
 def check_file(path: str, config: Config | None = None, *, rules: Sequence[type[Rule]] | None = None) -> FileResult:
@@ -218,9 +300,12 @@ def check_file(path: str, config: Config | None = None, *, rules: Sequence[type[
     rules = (config or Config()).rules() if rules is None else rules
     result = FileResult(path, notebook=path.endswith(".ipynb"))
     try:
-        data = Path(path).read_bytes()
+        data = _read_bytes(path)
     except OSError as exc:
         result.findings = [parse_error(path, f"cannot read: {_os_reason(exc)}")]
+        return result
+    except _NotRegularFile as exc:
+        result.findings = [parse_error(path, str(exc))]
         return result
     if result.notebook:
         from trainwise.doctor.notebook import check_notebook
@@ -260,60 +345,176 @@ class _IgnoreRule:
     dir_only: bool
 
 
-def _glob_to_regex(pattern: str) -> str:
-    out = []
-    i = 0
-    while i < len(pattern):
+# Git's character classes inside brackets ([[:alpha:]]), ASCII only as in git's wildmatch.
+_POSIX_CLASSES = {
+    "alnum": string.ascii_letters + string.digits,
+    "alpha": string.ascii_letters,
+    "blank": " \t",
+    "cntrl": "".join(map(chr, range(32))) + "\x7f",
+    "digit": string.digits,
+    "graph": "".join(map(chr, range(33, 127))),
+    "lower": string.ascii_lowercase,
+    "print": "".join(map(chr, range(32, 127))),
+    "punct": string.punctuation,
+    "space": " \t\n\r\x0b\x0c",
+    "upper": string.ascii_uppercase,
+    "xdigit": string.hexdigits,
+}
+
+
+def _bracket_to_regex(pattern: str, i: int) -> tuple[str, int] | None:
+    """The regex of the bracket expression whose ``[`` is just before ``pattern[i]``, and the index after its
+    ``]``; None when it is malformed (no closing ``]``, an unknown ``[:class:]``), as git's wildmatch reads it:
+    a ``]`` right after ``[`` or ``[!`` is a member, ``-`` at either end is literal, ``z-a`` holds only ``z``."""
+    n = len(pattern)
+    negated = i < n and pattern[i] in "!^"
+    i += negated
+    members: set[str] = set()
+    ranges: list[tuple[str, str]] = []
+    prev: str | None = None  # the member a following "-" starts a range from
+    first = True
+    while True:
+        if i >= n:
+            return None
         c = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-            continue
-        if pattern.startswith("**", i):
-            out.append(".*")
+        if c == "]" and not first:
+            break
+        first = False
+        if c == "\\":
+            i += 1
+            if i >= n:
+                return None
+            members.add(pattern[i])
+            prev = pattern[i]
+        elif c == "-" and prev is not None and i + 1 < n and pattern[i + 1] != "]":
+            i += 1
+            if pattern[i] == "\\":
+                i += 1
+                if i >= n:
+                    return None
+            ranges.append((prev, pattern[i]))
+            prev = None
+        elif c == "[" and pattern.startswith(":", i + 1):
+            end = pattern.find("]", i + 2)
+            if end == -1:
+                return None
+            if end - (i + 2) < 1 or pattern[end - 1] != ":":  # no ":]": the "[" is a plain member
+                members.add(c)
+                prev = c
+            else:
+                name = pattern[i + 2 : end - 1]
+                if name not in _POSIX_CLASSES:
+                    return None
+                members.update(_POSIX_CLASSES[name])
+                prev = None
+                i = end
+        else:
+            members.add(c)
+            prev = c
+        i += 1
+    body = "".join(re.escape(m) for m in sorted(members))
+    body += "".join(f"{re.escape(lo)}-{re.escape(hi)}" for lo, hi in ranges if lo <= hi)
+    if negated:
+        return f"[^{body}/]", i + 1
+    return (f"(?!/)[{body}]" if body else "(?!)"), i + 1
+
+
+def _wildmatch_to_regex(pattern: str, start: int = 0) -> str | None:
+    """A regex that matches what git's wildmatch (with WM_PATHNAME) matches, or None for a pattern that
+    matches nothing (malformed brackets, a trailing backslash). ``*`` and ``?`` stop at ``/``; ``**`` matches
+    across folders only as a whole segment (``**/x``, ``x/**``, ``x/**/y``), or where it starts at ``start``,
+    the end of the literal prefix that git compares separately (so ``foo**/bar`` matches ``foo/a/bar``)."""
+    out = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            if i + 1 >= n:
+                return None
+            out.append(re.escape(pattern[i + 1]))
             i += 2
-            continue
-        if c == "*":
-            out.append("[^/]*")
+        elif c == "*":
+            j = i
+            while j < n and pattern[j] == "*":
+                j += 1
+            segment = i == start or pattern[i - 1] == "/"
+            if j - i >= 2 and segment and (j == n or pattern.startswith(("/", "\\/"), j)):
+                if j == n:
+                    out.append(".*")
+                else:
+                    out.append("(?:.*/)?")
+                    j += 1 if pattern[j] == "/" else 2
+            else:
+                out.append("[^/]*")
+            i = j
         elif c == "?":
             out.append("[^/]")
-        elif c == "[":
-            end = pattern.find("]", i + 1)
-            if end == -1:
-                out.append(re.escape(c))
-            else:
-                body = pattern[i + 1 : end].replace("\\", "\\\\")
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append(f"[{body}]")
-                i = end
-        elif c == "\\" and i + 1 < len(pattern):
             i += 1
-            out.append(re.escape(pattern[i]))
+        elif c == "[":
+            bracket = _bracket_to_regex(pattern, i + 1)
+            if bracket is None:
+                return None
+            regex, i = bracket
+            out.append(regex)
         else:
             out.append(re.escape(c))
-        i += 1
+            i += 1
     return "".join(out)
 
 
+def _trim_trailing_spaces(line: str) -> str:
+    """Drop trailing spaces unless escaped with a backslash (git's trim_trailing_spaces)."""
+    last_space = None
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if c == " ":
+            if last_space is None:
+                last_space = i
+        elif c == "\\":
+            i += 1
+            if i >= len(line):
+                return line
+            last_space = None
+        else:
+            last_space = None
+        i += 1
+    return line if last_space is None else line[:last_space]
+
+
 def parse_gitignore(lines: Iterable[str]) -> list[_IgnoreRule]:
-    """Rules of a ``.gitignore`` (comments, ``!`` negation, trailing ``/`` for folders, anchoring, ``**``)."""
+    """Rules of a ``.gitignore`` as git reads them (comments, ``!`` negation, trailing ``/`` for folders,
+    anchoring, ``**``, brackets with git's wildmatch rules). Any line is accepted: a pattern git would
+    never match (``[]``, ``[a-``, a trailing ``\\``) is left out rather than raising."""
     rules = []
     for raw in lines:
-        line = raw.rstrip("\n\r")
-        if not line.strip() or line.startswith("#"):
+        line = raw.rstrip("\n")
+        line = line[:-1] if line.endswith("\r") else line
+        if not line or line.startswith("#"):
             continue
-        line = line.rstrip(" ") if not line.endswith("\\ ") else line
+        line = _trim_trailing_spaces(line)
         negate = line.startswith("!")
         if negate:
             line = line[1:]
         dir_only = line.endswith("/")
-        line = line.rstrip("/")
+        if dir_only:
+            line = line[:-1]
         if not line:
             continue
-        anchored = "/" in line
-        body = _glob_to_regex(line.lstrip("/"))
-        regex = re.compile(body if anchored else f"(?:.*/)?{body}")
+        anchored = "/" in line  # a slash anywhere but at the end ties the pattern to this folder
+        if line.startswith("/"):
+            line = line[1:]
+        if anchored:
+            literal_end = next((k for k, ch in enumerate(line) if ch in "*?[\\"), len(line))
+            body = _wildmatch_to_regex(line, literal_end)
+        else:
+            body = _wildmatch_to_regex(line)
+        if body is None:
+            continue
+        try:
+            regex = re.compile(body if anchored else f"(?:.*/)?{body}", re.DOTALL)
+        except re.error:  # pragma: no cover - every piece is escaped; kept so that no pattern can crash a run
+            continue
         rules.append(_IgnoreRule(regex, negate, dir_only))
     return rules
 
@@ -339,11 +540,12 @@ def _ignored(path: str, is_dir: bool, ignore_sets: list[_IgnoreSet]) -> bool:
 
 
 def _read_gitignore(folder: str) -> _IgnoreSet | None:
-    try:
-        with open(os.path.join(folder, ".gitignore"), encoding="utf-8", errors="replace") as fh:
-            return _IgnoreSet(folder, parse_gitignore(fh))
-    except OSError:
+    try:  # a .gitignore that is a named pipe or a device is never opened, as git does not read one either
+        data = _read_bytes(os.path.join(folder, ".gitignore"))
+    except (OSError, _NotRegularFile):
         return None
+    text = data.decode("utf-8", errors="replace").removeprefix("\ufeff")  # git skips a UTF-8 BOM
+    return _IgnoreSet(folder, parse_gitignore(text.split("\n")))
 
 
 def _ancestor_ignores(folder: str) -> list[_IgnoreSet]:
@@ -383,8 +585,10 @@ def discover(paths: Sequence[str], *, exclude: Sequence[str] = ()) -> tuple[list
         if stat.S_ISDIR(st.st_mode):
             ignore_sets = extra + _ancestor_ignores(path)
             _walk(path, ignore_sets, {(st.st_dev, st.st_ino)}, set(), files, errors)
-        else:
+        elif stat.S_ISREG(st.st_mode):
             files.append(path)
+        else:  # never opened: reading a named pipe blocks until something writes to it
+            errors.append(parse_error(path, _not_regular(_file_kind(st.st_mode) or "a special file")))
     unique = sorted(dict.fromkeys(files))
     return unique, errors
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import ast
 import difflib
-import re
+import errno
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from trainwise.doctor.rule import Finding, Fix
+from trainwise.doctor.text import LINE_BREAK, split_lines
 from trainwise.errors import TrainwiseError
 
 # ast node class -> libcst node class name, where they differ or where several libcst nodes share a range.
@@ -51,12 +53,25 @@ def apply_fixes(source: str, fixes: Sequence[Fix]) -> tuple[str, int]:
     cst = import_libcst()
     from libcst.metadata import MetadataWrapper, PositionProvider
 
+    # libcst drops a final lone "\r" (old-Mac line ends): it gets "\n" there, and the "\r" comes back after.
+    # A file of "\r" only gets "\n" everywhere (the same lines to Python). libcst takes the newline it inserts
+    # from the first line, so a fix follows the file's own style.
+    text, restore = source, None
+    if source.endswith("\r"):
+        if "\n" not in source:
+            text, restore = source.replace("\r", "\n"), "all"
+        elif not source.endswith("\r\r"):
+            text, restore = source[:-1] + "\n", "last"
+        else:
+            return source, 0
     try:
-        ast.parse(source)
-        module = cst.parse_module(source)
+        ast.parse(text)
+        module = cst.parse_module(text)
+        if module.code != text:  # libcst would not give the same bytes back (a form feed on line 1): leave it
+            return source, 0
     except (SyntaxError, ValueError, RecursionError, MemoryError, cst.ParserSyntaxError):
         return source, 0
-    lines = re.split(r"\r\n|\r|\n", source)
+    lines = LINE_BREAK.split(text)
     wanted: dict[tuple[tuple[int, int, int, int], str], Fix] = {}
     for fix in fixes:
         kind = _CST_KIND.get(type(fix.node).__name__, type(fix.node).__name__)
@@ -87,6 +102,12 @@ def apply_fixes(source: str, fixes: Sequence[Fix]) -> tuple[str, int]:
         ast.parse(new)
     except (SyntaxError, ValueError, RecursionError, MemoryError, cst.CSTValidationError):
         return source, 0
+    if restore == "all":
+        new = new.replace("\n", "\r")
+    elif restore == "last":
+        if not new.endswith("\n") or new.endswith("\r\n"):
+            return source, 0
+        new = new[:-1] + "\r"
     return new, applied
 
 
@@ -99,6 +120,43 @@ def unified_diff(path: str, before: str, after: str) -> str:
     """A unified diff of one file's fix."""
     return "".join(
         difflib.unified_diff(
-            before.splitlines(keepends=True), after.splitlines(keepends=True), fromfile=f"a/{path}", tofile=f"b/{path}"
+            split_lines(before, keepends=True), split_lines(after, keepends=True), fromfile=f"a/{path}",
+            tofile=f"b/{path}",
         )
     )
+
+
+# ------------------------------------------------------------------------------------------------ writing
+_AGAIN = "run `trainwise doctor --fix` again"
+# errno -> (what happened, what to do)
+_WRITE_ERRORS = {
+    errno.ENOSPC: ("the disk is full", f"free some space and {_AGAIN}"),
+    getattr(errno, "EDQUOT", -1): ("the disk quota is exceeded", f"free some space and {_AGAIN}"),
+    errno.EFBIG: ("the file size limit was reached", f"raise the limit (ulimit -f) and {_AGAIN}"),
+    errno.EROFS: ("the file system is read-only", f"copy the files to a writable disk and {_AGAIN} there"),
+    errno.EACCES: ("the folder is not writable (a fix writes a new file beside the old one and renames it over "
+                   "it)", f"make the folder writable and {_AGAIN}"),
+    errno.EPERM: ("the folder is not writable (a fix writes a new file beside the old one and renames it over "
+                  "it)", f"make the folder writable and {_AGAIN}"),
+}
+
+
+def write_fixed(path: str, data: bytes, *, fixed_before: int = 0) -> None:
+    """Replace the content of ``path`` with ``data`` atomically, with ``trainwise.checkpoint.io.atomic_write``:
+    a new file beside it with its permission bits, fsynced, renamed over it. A symbolic link stays a link (the
+    file it points to is replaced). On any failure (a full disk, ``ulimit -f``, a read-only folder) the file
+    keeps its old content and a one-line ``TrainwiseError`` names the file, the cause and what to do."""
+    from trainwise.checkpoint.io import atomic_write_bytes  # imports no torch
+    from trainwise.errors import TrainwiseError
+
+    target = os.path.realpath(path)
+    done = f" ({fixed_before} other file{'s' if fixed_before != 1 else ''} fixed before it)" if fixed_before else ""
+    try:
+        atomic_write_bytes(target, data)
+    except OSError as exc:  # DiskWriteError is an OSError with the errno
+        reason, hint = _WRITE_ERRORS.get(exc.errno or 0) or (
+            (exc.strerror or type(exc).__name__).lower(), f"check the disk and {_AGAIN}")
+        raise TrainwiseError(f"could not rewrite {path}: {reason}; the file is unchanged{done}; {hint}.") from None
+    except TrainwiseError as exc:  # the folder vanished, or the path became a folder
+        raise TrainwiseError(f"could not rewrite {path}: {str(exc).rstrip('.')}; the file is unchanged{done}.") \
+            from None

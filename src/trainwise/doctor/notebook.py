@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainwise.doctor.rule import Finding, Rule
+from trainwise.doctor.text import split_lines
 
 # Line magics, shell escapes, help lookups and `x = !cmd` / `x = %magic` assignments: not Python.
 _MAGIC_LINE = re.compile(r"^(\s*)(?:[%!]|\w+\s*=\s*[%!]|.*\?\s*$)")
@@ -55,7 +56,7 @@ def join_cells(cells: Sequence[tuple[int, str]]) -> NotebookSource:
     lines: list[str] = []
     origin: list[tuple[int, int]] = []
     for number, source in cells:
-        cell_lines = source.splitlines() or [""]
+        cell_lines = split_lines(source) or [""]  # not str.splitlines, which splits at U+2028 too
         skip_cell = cell_lines[0].lstrip().startswith("%%") and not cell_lines[0].lstrip().startswith(
             _PYTHON_CELL_MAGICS
         )
@@ -81,6 +82,8 @@ def check_notebook(data: bytes, path: str, *, rules: Sequence[type[Rule]]) -> tu
     except ValueError as exc:
         return [parse_error(path, f"cannot read notebook: {exc}")], False
     errors: list[Finding] = []
+    alone_checked = False
+    taken_out = 0
     while True:
         joined = join_cells(cells)
         findings, parsed = analyse(joined.source, path, rules=rules)
@@ -90,9 +93,39 @@ def check_notebook(data: bytes, path: str, *, rules: Sequence[type[Rule]]) -> tu
             finding.fix = None  # --fix does not rewrite notebooks (yet): their findings are reported only
         if not broken:
             return sorted(errors + findings, key=Finding.sort_key), not errors
+        if not alone_checked:
+            # Jupyter runs one cell at a time, so a cell must parse on its own: find every such broken cell in
+            # one pass (taking them out one by one, parsing the rest again each time, is quadratic).
+            alone_checked = True
+            alone = _broken_cells(cells, path)
+            if alone:
+                errors.extend(alone)
+                bad = {f.cell for f in alone}
+                cells = [(n, s) for n, s in cells if n not in bad]
+                continue
         errors.extend(broken)
         bad_cell = broken[0].cell
         remaining = [(n, s) for n, s in cells if n != bad_cell]
-        if len(remaining) == len(cells):  # cannot tell which cell: give up on the notebook
-            return sorted(errors, key=Finding.sort_key), False
+        taken_out += 1
+        if len(remaining) == len(cells) or taken_out > _MAX_TAKEN_OUT:
+            return sorted(errors, key=Finding.sort_key), False  # cannot tell which cell, or too many: give up
         cells = remaining
+
+
+# Cells that parse alone but not together, should there be any, are taken out one at a time; past this many
+# the rest of the notebook is left unchecked rather than parsed again and again.
+_MAX_TAKEN_OUT = 100
+
+
+def _broken_cells(cells: Sequence[tuple[int, str]], path: str) -> list[Finding]:
+    """A TW900 finding for each cell that does not parse on its own, located in that cell."""
+    from trainwise.doctor.engine import parse
+
+    out = []
+    for number, source in cells:
+        single = join_cells([(number, source)])
+        result = parse(single.source, path)
+        if isinstance(result, Finding):
+            result.cell, result.line = single.locate(result.line)
+            out.append(result)
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from typing import Any
 
 from trainwise.doctor.context import dotted, is_const
 from trainwise.doctor.rule import FixAvailability, Rule
@@ -72,10 +73,21 @@ class RequiresGradOnModule(Rule):
 
 
 def _to_method_call(node: object, cst: object) -> object:
-    """``x.requires_grad = False`` -> ``x.requires_grad_(False)`` (libcst nodes)."""
+    """``x.requires_grad = False`` -> ``x.requires_grad_(False)`` (libcst nodes). The value node is reused: a
+    value in parentheses over several lines, with comments, becomes the call's argument with the outer
+    parentheses' whitespace and comments as the call's own."""
+    c: Any = cst
     target = node.targets[0].target  # type: ignore[attr-defined]
-    call = cst.Call(  # type: ignore[attr-defined]
-        func=cst.Attribute(value=target.value, attr=cst.Name("requires_grad_")),  # type: ignore[attr-defined]
-        args=[cst.Arg(value=cst.Name("False"))],  # type: ignore[attr-defined]
+    value = node.value  # type: ignore[attr-defined]
+    arg = c.Arg(value=value)
+    before_args = c.SimpleWhitespace("")
+    if value.lpar and value.rpar:
+        before_args = value.lpar[0].whitespace_after
+        arg = c.Arg(value=value.with_changes(lpar=value.lpar[1:], rpar=value.rpar[:-1]),
+                    whitespace_after_arg=value.rpar[-1].whitespace_before)
+    call = c.Call(
+        func=c.Attribute(value=target.value, attr=c.Name("requires_grad_")),
+        args=[arg],
+        whitespace_before_args=before_args,
     )
-    return cst.Expr(value=call, semicolon=node.semicolon)  # type: ignore[attr-defined]
+    return c.Expr(value=call, semicolon=node.semicolon)  # type: ignore[attr-defined]

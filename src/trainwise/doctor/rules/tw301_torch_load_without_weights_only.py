@@ -88,6 +88,16 @@ def _add_weights_only(node: object, cst: object) -> object:
     last = args[-1]
     space = c.Comma(whitespace_after=c.SimpleWhitespace(" "))  # type: ignore[attr-defined]
     if not isinstance(last.comma, c.Comma):  # type: ignore[attr-defined]
+        closing = last.whitespace_after_arg
+        indent = _argument_indent(node, args, c)
+        if isinstance(closing, c.ParenthesizedWhitespace) and indent is not None:  # type: ignore[attr-defined]
+            # ")" on a line of its own: the new argument gets a line of its own before it, at the arguments'
+            # indent; comments after the last argument stay after it.
+            args[-1] = last.with_changes(comma=c.Comma(whitespace_after=closing.with_changes(last_line=indent)),  # type: ignore[attr-defined]
+                                         whitespace_after_arg=c.SimpleWhitespace(""))  # type: ignore[attr-defined]
+            args.append(new_arg.with_changes(whitespace_after_arg=closing.with_changes(
+                first_line=c.TrailingWhitespace(), empty_lines=[])))  # type: ignore[attr-defined]
+            return node.with_changes(args=args)  # type: ignore[attr-defined]
         args[-1] = last.with_changes(comma=space)
         args.append(new_arg)
         return node.with_changes(args=args)  # type: ignore[attr-defined]
@@ -104,6 +114,15 @@ def _add_weights_only(node: object, cst: object) -> object:
         args[-1] = last.with_changes(comma=space)
         args.append(new_arg.with_changes(comma=last.comma))
     return node.with_changes(args=args)  # type: ignore[attr-defined]
+
+
+def _argument_indent(node: object, args: list, c: object) -> object | None:
+    """The whitespace that starts the last argument's line, when the arguments are one per line."""
+    if len(args) >= 2:
+        before = args[-2].comma.whitespace_after if isinstance(args[-2].comma, c.Comma) else None  # type: ignore[attr-defined]
+    else:
+        before = node.whitespace_before_args  # type: ignore[attr-defined]
+    return before.last_line if isinstance(before, c.ParenthesizedWhitespace) else None  # type: ignore[attr-defined]
 
 
 def _set_weights_only(node: object, cst: object) -> object:
