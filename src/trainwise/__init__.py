@@ -13,6 +13,7 @@ _EXPORTS = {
     "Accuracy": "trainwise.metrics",
     "CheckpointManager": "trainwise.checkpoint.manager",
     "DeviceChoice": "trainwise.device",
+    "DiskWriteError": "trainwise.errors",
     "EarlyStopping": "trainwise.early_stopping",
     "ExportReport": "trainwise.exporting",
     "FitResult": "trainwise.trainer",
@@ -25,6 +26,7 @@ _EXPORTS = {
     "OverfittingReport": "trainwise.diagnosis",
     "PrecisionPolicy": "trainwise.device",
     "ResumableLoader": "trainwise.checkpoint.loader",
+    "RunLock": "trainwise.runlog",
     "ShardSampler": "trainwise.distributed",
     "Trainer": "trainwise.trainer",
     "TrainerConfig": "trainwise.config",
@@ -55,6 +57,7 @@ _EXPORTS = {
     "param_groups": "trainwise.freezing",
     "plot_learning_curves": "trainwise.plots",
     "prepare_loader": "trainwise.seeding",
+    "read_log": "trainwise.runlog",
     "resolve_device": "trainwise.device",
     "resolve_precision": "trainwise.device",
     "safe_load": "trainwise.checkpoint.io",
@@ -73,6 +76,7 @@ __all__ = [
     "Accuracy",
     "CheckpointManager",
     "DeviceChoice",
+    "DiskWriteError",
     "EarlyStopping",
     "ExportReport",
     "FitResult",
@@ -85,6 +89,7 @@ __all__ = [
     "OverfittingReport",
     "PrecisionPolicy",
     "ResumableLoader",
+    "RunLock",
     "ShardSampler",
     "Trainer",
     "TrainerConfig",
@@ -114,6 +119,7 @@ __all__ = [
     "param_groups",
     "plot_learning_curves",
     "prepare_loader",
+    "read_log",
     "resolve_device",
     "resolve_precision",
     "safe_load",
@@ -163,13 +169,14 @@ if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
         sharded_to_single_file,
     )
     from trainwise.early_stopping import EarlyStopping
-    from trainwise.errors import NonFiniteLossError, TrainwiseError
+    from trainwise.errors import DiskWriteError, NonFiniteLossError, TrainwiseError
     from trainwise.evaluation import evaluating
     from trainwise.exporting import ExportReport, export, load_exported
     from trainwise.freezing import extend_optimizer, freeze, frozen_norm_layers, param_groups, unfreeze
     from trainwise.guards import NonFiniteLossGuard, UnoptimizedParameterWarning, check_optimizer_covers
     from trainwise.metrics import Accuracy, Mean, MetricSet
     from trainwise.plots import plot_learning_curves
+    from trainwise.runlog import RunLock, read_log
     from trainwise.seeding import (
         get_rng_state,
         loader_generator,

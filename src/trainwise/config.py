@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import os
+import re
 import typing
 from typing import Any, Literal
 
-from trainwise.errors import TrainwiseError
+from trainwise.errors import TrainwiseError, show
+
+_INT64 = 2**63  # integers must fit in torch's and NumPy's int64
+_MAX_SEED = 2**32 - 1  # NumPy's limit (trainwise.seeding checks it again)
 
 
 @dataclasses.dataclass
@@ -57,6 +63,8 @@ class TrainerConfig:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             setattr(self, field.name, _check_type(field.name, value, hints[field.name]))
+        if not 0 <= self.seed <= _MAX_SEED:
+            raise TrainwiseError(f"seed must be an integer between 0 and {_MAX_SEED}, got {self.seed}.")
         for name in ("epochs", "batch_size", "log_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise TrainwiseError(f"{name} must be at least 1, got {getattr(self, name)}.")
@@ -68,6 +76,11 @@ class TrainerConfig:
             raise TrainwiseError("set effective_batch or accumulation_steps, not both.")
         if self.num_workers < 0:
             raise TrainwiseError(f"num_workers must be 0 or more, got {self.num_workers}.")
+        if self.num_workers > max_workers():
+            raise TrainwiseError(
+                f"num_workers={self.num_workers} is more than {max_workers()} (4 per CPU core here, at least 8): "
+                "each worker is a process holding a copy of the dataset, so use at most that many."
+            )
         if self.lr <= 0:
             raise TrainwiseError(f"lr must be positive, got {self.lr}.")
         if self.patience is not None and self.patience < 0:
@@ -76,8 +89,10 @@ class TrainerConfig:
             raise TrainwiseError(f"min_delta must be 0 or more, got {self.min_delta}.")
         if self.unfreeze_at is not None:
             self.unfreeze_at = {int(k): list(v) for k, v in self.unfreeze_at.items()}
-        if self.dist_timeout <= 0:
-            raise TrainwiseError(f"dist_timeout must be a positive number of seconds, got {self.dist_timeout}.")
+        if not 0 < self.dist_timeout <= _MAX_TIMEOUT:
+            raise TrainwiseError(
+                f"dist_timeout must be a positive number of seconds up to {_MAX_TIMEOUT:.0f}, got {self.dist_timeout}."
+            )
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise TrainwiseError(f"max_grad_norm must be positive or unset, got {self.max_grad_norm}.")
 
@@ -93,6 +108,22 @@ class TrainerConfig:
         return dataclasses.replace(self, **changes)
 
 
+def max_workers() -> int:
+    """The most DataLoader workers trainwise starts: 4 per usable CPU core, at least 8.
+
+    More workers than that never speed loading up and can exhaust processes and memory (a typo such as
+    100000 spawns until the machine stalls).
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return max(8, 4 * cores)
+
+
+_MAX_TIMEOUT = 86_400.0 * 999_999_999  # datetime.timedelta's largest, which torch.distributed takes
+
+
 def unknown_option(values: dict[str, Any], *, where: str = "Trainer option") -> None:
     """Reject names that are not options, suggesting the closest valid one."""
     names = TrainerConfig.option_names()
@@ -100,7 +131,7 @@ def unknown_option(values: dict[str, Any], *, where: str = "Trainer option") -> 
         if key not in names:
             close = difflib.get_close_matches(key, names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid options: {', '.join(names)}."
-            raise TrainwiseError(f"unknown {where} {key!r}{hint}")
+            raise TrainwiseError(f"unknown {where} {show(key, 100)}{hint}")
 
 
 def _check_type(name: str, value: Any, hint: Any) -> Any:
@@ -113,45 +144,60 @@ def _check_type(name: str, value: Any, hint: Any) -> Any:
         return _check_type(name, value, inner[0])
     if origin is Literal:
         if value not in args:
-            raise TrainwiseError(f"{name} must be one of {', '.join(map(repr, args))}, got {value!r}.")
+            raise TrainwiseError(f"{name} must be one of {', '.join(map(repr, args))}, got {show(value)}.")
         return value
     if origin is dict:
         key_type, value_type = args
         if not isinstance(value, dict):
-            raise TrainwiseError(f"{name} must be a table (dict), got {value!r}.")
+            raise TrainwiseError(f"{name} must be a table (dict), got {show(value)}.")
         checked = {}
         for key, item in value.items():
-            if key_type is int and isinstance(key, str) and key.strip().lstrip("-").isdigit():
-                key = int(key)  # TOML table keys are strings
-            checked[_check_type(f"{name} key", key, key_type)] = _check_type(f"{name}[{key!r}]", item, value_type)
+            if key_type is int and isinstance(key, str):
+                key = _int_key(key)  # TOML table keys are strings
+            checked_key = _check_type(f"{name} key", key, key_type)
+            checked[checked_key] = _check_type(f"{name}[{show(key, 60)}]", item, value_type)
         return checked
     if origin is list:
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-            raise TrainwiseError(f"{name} must be a list, got {value!r}.")
+            raise TrainwiseError(f"{name} must be a list, got {show(value)}.")
         return [_check_type(f"{name} item", item, args[0]) for item in value]
     if hint is bool:
         if not isinstance(value, bool):
-            raise TrainwiseError(f"{name} must be true or false, got {value!r}.")
+            raise TrainwiseError(f"{name} must be true or false, got {show(value)}.")
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TrainwiseError(f"{name} must be an integer, got {value!r}.")
+            raise TrainwiseError(f"{name} must be an integer, got {show(value)}.")
+        if not -_INT64 <= value < _INT64:
+            raise TrainwiseError(f"{name} must fit in 64 bits (at most {_INT64 - 1}), got {show(value)}.")
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TrainwiseError(f"{name} must be a number, got {value!r}.")
-        return float(value)
+            raise TrainwiseError(f"{name} must be a number, got {show(value)}.")
+        try:
+            number = float(value)
+        except OverflowError:  # an integer too large for a float
+            number = math.inf
+        if not math.isfinite(number):
+            raise TrainwiseError(f"{name} must be a finite number, got {show(value)}.")
+        return number
     if hint is str:
         if not isinstance(value, str):
-            raise TrainwiseError(f"{name} must be a string, got {value!r}.")
+            raise TrainwiseError(f"{name} must be a string, got {show(value)}.")
         return value
     return value
+
+
+def _int_key(key: str) -> Any:
+    """``"3"`` -> 3 for tables keyed by integers (TOML keys are strings); anything else stays as it is."""
+    text = key.strip()
+    return int(text) if re.fullmatch(r"-?[0-9]{1,30}", text) else key
 
 
 def parse_override(text: str) -> tuple[str, Any]:
     """Parse ``key=value`` into a typed value for that option (``none`` unsets an optional one)."""
     if "=" not in text:
-        raise TrainwiseError(f"override {text!r} is not key=value; write it like epochs=5.")
+        raise TrainwiseError(f"override {show(text)} is not key=value; write it like epochs=5.")
     key, raw = (part.strip() for part in text.split("=", 1))
     unknown_option({key: None})
     hint = typing.get_type_hints(TrainerConfig)[key]
@@ -183,7 +229,7 @@ def _parse_value(name: str, raw: str, hint: Any) -> Any:
             return float(raw)
     except ValueError:
         kind = {bool: "true or false", int: "an integer", float: "a number"}[hint]
-        raise TrainwiseError(f"{name} must be {kind}, got {raw!r}.") from None
+        raise TrainwiseError(f"{name} must be {kind}, got {show(raw)}.") from None
     return raw
 
 
@@ -197,7 +243,8 @@ def _toml_value(name: str, raw: str) -> Any:
         import tomli as tomllib
     try:
         return tomllib.loads(f"value = {raw}")["value"]
-    except tomllib.TOMLDecodeError:
+    except ValueError:  # TOMLDecodeError, or an integer of more than 4300 digits
         raise TrainwiseError(
-            f"{name} must be written as an inline TOML table or list, like {{\"backbone.*\" = 1e-4}}; got {raw!r}."
+            f"{name} must be written as an inline TOML table or list, like {{\"backbone.*\" = 1e-4}}; got "
+            f"{show(raw)}."
         ) from None

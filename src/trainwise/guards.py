@@ -13,11 +13,17 @@ class NonFiniteLossGuard:
     """Remember each step's loss on the device; once per interval, find the first NaN/inf step.
 
     ``observe`` keeps a detached reference (no kernel, no host sync); ``check`` stacks what it kept, reads
-    one flag back and raises :class:`NonFiniteLossError` naming the first bad step.
+    one flag back and raises :class:`NonFiniteLossError` naming the first bad step. Given the ``model``, each
+    check that passes also keeps a copy of its parameters and buffers (on the CPU for an accelerator), and a
+    check that fails puts that copy back: the model is left at its last state checked finite, not holding
+    the NaN update, and the error says which step that state is from.
     """
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, device: torch.device | str = "cpu", *, model: torch.nn.Module | None = None) -> None:
         self.device = torch.device(device)
+        self.model = model
+        self.kept_step: int | None = None  # optimizer steps done when the kept state was copied
+        self._kept: list[torch.Tensor] = []
         self._steps: list[int] = []
         self._losses: list[torch.Tensor] = []
 
@@ -37,20 +43,69 @@ class NonFiniteLossGuard:
         index = int(bad.nonzero()[0, 0])
         return self._steps[index], float(losses[index])
 
-    def check(self) -> None:
+    def check(self, step: int | None = None) -> None:
+        """Raise if a non-finite loss was observed (the model restored first); else keep the model at ``step``."""
         found = self.first_bad()
         if found is None:
+            if self.model is not None and step is not None:
+                self.keep(step)
             return
-        step, value = found
-        raise NonFiniteLossError(
-            f"the training loss became {value} at step {step}; lower the learning rate, clip gradients "
-            "(max_grad_norm) or use nonfinite='skip' to skip such steps.",
-            step=step,
-        )
+        bad_step, value = found
+        what = f"the training loss became {value} at step {bad_step}"
+        raise NonFiniteLossError(self.restore_and_explain(what), step=bad_step)
+
+    def restore_and_explain(self, what: str) -> str:
+        """``what`` happened, where the model was left, and the fix; restores the kept state if there is one."""
+        where = ""
+        if self.model is not None:
+            kept = self.restore()
+            where = (
+                f"; the model is back at its state after step {kept}, the last one checked finite"
+                if kept is not None
+                else "; no finite state of the model was kept, so it holds the non-finite update"
+            )
+        return f"{what}{where}; lower the learning rate, clip gradients (max_grad_norm) or use nonfinite='skip'."
+
+    def keep(self, step: int) -> None:
+        """Copy the model's parameters and buffers (reusing the previous copy's memory) as its state at ``step``."""
+        assert self.model is not None
+        tensors = _state_tensors(self.model)
+        if len(self._kept) != len(tensors) or any(
+            k.shape != t.shape or k.dtype != t.dtype for k, t in zip(self._kept, tensors)
+        ):
+            # Pinned host memory for CUDA tensors: the copy runs asynchronously on the stream, and the next
+            # check's host sync (which comes before any restore) waits for it.
+            self._kept = [
+                torch.empty_like(t, device="cpu", pin_memory=t.device.type == "cuda")
+                if t.device.type != "cpu" else torch.empty_like(t)
+                for t in tensors
+            ]
+        with torch.no_grad():
+            for kept, tensor in zip(self._kept, tensors):
+                kept.copy_(tensor, non_blocking=kept.is_pinned())
+        self.kept_step = step
+
+    def restore(self) -> int | None:
+        """Put the kept state back into the model if it is finite; its step, or None when nothing finite was kept."""
+        if self.model is None or self.kept_step is None:
+            return None
+        tensors = _state_tensors(self.model)
+        if len(tensors) != len(self._kept):
+            return None
+        with torch.no_grad():
+            if not all(bool(torch.isfinite(k).all()) for k in self._kept if k.is_floating_point()):
+                return None
+            for kept, tensor in zip(self._kept, tensors):
+                tensor.copy_(kept)
+        return self.kept_step
 
     def reset(self) -> None:
         self._steps.clear()
         self._losses.clear()
+
+
+def _state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p for p in model.parameters()] + [b for b in model.buffers()]
 
 
 class UnoptimizedParameterWarning(UserWarning):

@@ -1,13 +1,24 @@
-"""The run folder: a JSON-lines log of every logged metric, flushed line by line so a kill keeps it."""
+"""The run folder: a JSON-lines log of every logged metric, flushed line by line so a kill keeps it, and a
+lock so that one run folder has one writer.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import errno
 import json
 import math
 import os
+import secrets
 from pathlib import Path
 from typing import Any
+
+from trainwise.errors import TrainwiseError
+
+LOCK_NAME = ".trainwise.lock"
+# Records that describe training progress; after a resume the steps redone after the checkpoint repeat them.
+_PROGRESS_KINDS = ("train", "epoch")
 
 
 def default_run_dir(root: str | os.PathLike[str] = "runs") -> Path:
@@ -21,10 +32,145 @@ def default_run_dir(root: str | os.PathLike[str] = "runs") -> Path:
     return path
 
 
+def write_failure(path: str | os.PathLike[str], exc: OSError) -> str:
+    """One sentence for an OSError while writing ``path``: a full disk, a size limit, a read-only folder..."""
+    reasons = {
+        errno.ENOSPC: "the disk is full",
+        errno.EFBIG: "the file size limit was reached",
+        errno.EDQUOT: "the disk quota is exceeded",
+        errno.EROFS: "the file system is read-only",
+        errno.EACCES: "permission was denied",
+        errno.EPERM: "permission was denied",
+    }
+    reason = reasons.get(exc.errno or 0, exc.strerror or type(exc).__name__)
+    return f"could not write {path}: {reason}"
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # JSON has no NaN/inf; keep them readable
     return value
+
+
+class RunLock:
+    """An advisory lock on a run folder for the life of one run: a second writer is refused, naming the holder.
+
+    >>> with RunLock("runs/exp1"):   # refused with one sentence while another process holds it
+    ...     train()
+
+    The lock is ``flock`` on ``<run_dir>/.trainwise.lock`` (the file holds the holder's pid): the operating
+    system drops it when the holder exits, even after ``kill -9``, so a stale file never blocks a new run.
+    Taking it also checks that the folder exists (or can be made) and is writable, before anything is written.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> RunLock:
+        if self._fd is not None:
+            return self
+        folder = self.run_dir
+        try:
+            if folder.exists() and not folder.is_dir():
+                raise TrainwiseError(f"run_dir {folder} is a file, not a folder; choose another run_dir.")
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except (FileExistsError, NotADirectoryError):
+            raise TrainwiseError(
+                f"run_dir {folder} cannot be created because a part of its path is a file; choose another run_dir."
+            ) from None
+        except OSError as exc:
+            raise TrainwiseError(_not_writable(folder, exc)) from None
+        if not _lock(fd):
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise TrainwiseError(
+                f"run_dir {folder} is in use by another run (pid {holder}); wait for it to finish or choose "
+                "another run_dir."
+            )
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            _probe_writable(folder)
+        except OSError as exc:
+            _unlock(fd)
+            os.close(fd)
+            raise TrainwiseError(_not_writable(folder, exc)) from None
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        _unlock(fd)
+        os.close(fd)
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _not_writable(folder: Path, exc: OSError) -> str:
+    return f"run_dir {folder} is not writable ({exc.strerror or type(exc).__name__}); choose another run_dir."
+
+
+def _probe_writable(folder: Path) -> None:
+    """Create and remove a small file: the folder takes new files (root ignores permission bits, not EROFS)."""
+    probe = folder / f".trainwise-probe-{os.getpid()}-{secrets.token_hex(4)}"
+    with open(probe, "wb") as file:
+        file.write(b"0")
+    probe.unlink()
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+    except OSError:
+        text = ""
+    return text if text.isdigit() else "unknown"
+
+
+try:
+    import fcntl
+
+    def _lock(fd: int) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        except OSError as exc:  # a file system without flock (some network mounts): no lock, but no refusal
+            return exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+        return True
+
+    def _unlock(fd: int) -> None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+except ImportError:  # pragma: no cover - Windows
+    import msvcrt
+
+    def _lock(fd: int) -> bool:
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+
+    def _unlock(fd: int) -> None:
+        with contextlib.suppress(OSError):
+            os.lseek(fd, 0, os.SEEK_SET)
+            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
 
 
 class RunLog:
@@ -34,12 +180,20 @@ class RunLog:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
-        self._file = self.path.open("a", encoding="utf-8")
+        try:
+            self._file = self.path.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise TrainwiseError(write_failure(self.path, exc) + "; choose another run_dir.") from None
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps({k: _jsonable(v) for k, v in record.items()}, sort_keys=False)
-        self._file.write(line + "\n")
-        self._file.flush()
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+        except OSError as exc:
+            raise TrainwiseError(
+                write_failure(self.path, exc) + "; free space or choose another run_dir, then resume."
+            ) from None
 
     def write_json(self, name: str, payload: dict[str, Any]) -> Path:
         """Write a small JSON file in the run folder atomically (temp file, then rename)."""
@@ -49,16 +203,39 @@ class RunLog:
 
     def close(self) -> None:
         if not self._file.closed:
-            self._file.close()
+            with contextlib.suppress(OSError):  # a full disk: the records written so far are flushed already
+                self._file.close()
 
 
-def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Read back a ``metrics.jsonl`` file (a run folder or the file itself)."""
+def read_log(path: str | os.PathLike[str], *, raw: bool = False) -> list[dict[str, Any]]:
+    """Read back a ``metrics.jsonl`` file (a run folder or the file itself).
+
+    A resumed run redoes the steps after its checkpoint and logs them again after a ``"resumed"`` record;
+    by default the records those redone steps replace are dropped, so each step and epoch appears once, as
+    the run that continued logged it. ``raw=True`` returns every line as written.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    records = []
+    records: list[dict[str, Any]] = []
     for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            records.append(json.loads(line))
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        if not raw and record.get("kind") == "resumed":
+            records = [r for r in records if not _superseded(r, record)]
+        records.append(record)
     return records
+
+
+def _superseded(record: dict[str, Any], resumed: dict[str, Any]) -> bool:
+    """True for a progress record logged after the checkpoint a run resumed from (it is redone)."""
+    if record.get("kind") not in _PROGRESS_KINDS:
+        return False
+    if record.get("kind") == "epoch":
+        return _number(record.get("epoch")) >= _number(resumed.get("epoch"))
+    return _number(record.get("step")) > _number(resumed.get("step"))
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.inf

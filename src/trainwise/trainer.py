@@ -20,8 +20,9 @@ from trainwise.accumulation import GradientAccumulator, accumulation_steps
 from trainwise.batches import call_model, count_items, is_classification
 from trainwise.batches import split_batch as default_split_batch
 from trainwise.checkpoint import CheckpointManager, ResumableLoader, find_resume_checkpoint, read_checkpoint
+from trainwise.checkpoint.manager import CHECKPOINT_FOLDER, checkpoint_name, verify_checksums
 from trainwise.checkpoint.state import restore_checkpoint
-from trainwise.config import TrainerConfig
+from trainwise.config import TrainerConfig, max_workers
 from trainwise.device import move_to_device, pin_memory_default, resolve_device, resolve_precision
 from trainwise.diagnosis import OverfittingReport, detect_overfitting
 from trainwise.distributed import (
@@ -47,10 +48,10 @@ from trainwise.errors import NonFiniteLossError, TrainwiseError
 from trainwise.evaluation import evaluating
 from trainwise.freezing import extend_optimizer, param_groups, unfreeze
 from trainwise.guards import NonFiniteLossGuard, check_optimizer_covers
-from trainwise.metrics import MetricSet
+from trainwise.metrics import Mean, MetricSet
 from trainwise.plots import PLOT_HINT, plot_learning_curves
 from trainwise.progress import PlainProgress, make_progress
-from trainwise.runlog import RunLog, default_run_dir
+from trainwise.runlog import RunLock, RunLog, default_run_dir, write_failure
 from trainwise.seeding import prepare_loader, seed_everything, seeded_loader
 
 OptimizerArg = torch.optim.Optimizer | Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None
@@ -169,6 +170,9 @@ class Trainer:
                 raise TrainwiseError(
                     f"optimizer must be a torch optimizer or a factory of one, got {type(opt).__name__}."
                 )
+            _check_factory_signature(
+                "optimizer", opt, "the parameter groups", "lambda params: torch.optim.SGD(params, lr=0.1)"
+            )
             opt = opt(groups)
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TrainwiseError(
@@ -182,6 +186,9 @@ class Trainer:
         if sched is None or hasattr(sched, "step"):
             return sched
         if callable(sched):
+            _check_factory_signature(
+                "scheduler", sched, "the optimizer", "lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=10)"
+            )
             return sched(optimizer)
         raise TrainwiseError(f"scheduler must be a scheduler or a factory of one, got {type(sched).__name__}.")
 
@@ -197,6 +204,10 @@ class Trainer:
         if isinstance(data, DataLoader):
             return prepare_loader(data, seed=cfg.seed) if train else data
         if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
+            if _length(data) == 0:
+                what = "training" if train else "validation"
+                fix = "pass val_data=None to train without validation" if not train else "check the data"
+                raise TrainwiseError(f"the {what} data set is empty (0 samples); {fix}.")
             return seeded_loader(
                 data,
                 batch_size=cfg.batch_size if train else (cfg.eval_batch_size or cfg.batch_size),
@@ -229,9 +240,11 @@ class Trainer:
         if not isinstance(model, torch.nn.Module):
             raise TrainwiseError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
         determinism = _determinism_flags()
+        self._lock = RunLock(".")  # replaced by the run folder's lock once it is known
         try:
             return self._fit(model, train_data, val_data)
         finally:
+            self._lock.release()  # the run folder is free for the next writer
             _restore_determinism(determinism)  # deterministic=True holds for this fit only
             close_distributed(self._dist)  # only a process group this fit created
             self._dist = DistributedInfo()
@@ -261,6 +274,9 @@ class Trainer:
         plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         train_loader = ResumableLoader(self._loader(train_data, train=True, device=device))
         val_loader = None if val_data is None else self._loader(val_data, train=False, device=device)
+        _check_data(train_loader, "training")
+        if val_loader is not None:
+            _check_data(val_loader, "validation")
         accumulator = GradientAccumulator(
             optimizer,
             steps=self._accumulation_steps(train_loader),
@@ -280,6 +296,7 @@ class Trainer:
         run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir()
         if dist_info.enabled:
             run_dir = Path(broadcast_object(str(run_dir)))  # rank 0's clock names the run
+        self._lock = _lock_run_dir(run_dir, dist_info)  # one writer per run folder; checks it is writable
         log = RunLog(run_dir) if dist_info.is_main else _NullLog(run_dir)  # only rank 0 writes
         log.write({"kind": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": cfg.resume})
         log.write_json(
@@ -308,10 +325,11 @@ class Trainer:
         state = _LoopState(
             device=device,
             metrics=MetricSet(device),
-            guard=NonFiniteLossGuard(device),
+            guard=NonFiniteLossGuard(device, model=model if cfg.nonfinite == "stop" else None),
             accumulator=accumulator,
             log=log,
             progress=progress,
+            window_loss=Mean(device) if cfg.nonfinite == "skip" else None,
         )
         # Everything a checkpoint holds; restored in place on resume (plain values come back in "loop").
         resumable = {"model": model, "optimizer": optimizer, "accumulator": accumulator, "loader": train_loader,
@@ -324,9 +342,9 @@ class Trainer:
         if cfg.checkpoints and dist_info.is_main:
             state.manager = CheckpointManager(run_dir, keep_last=cfg.keep_last, monitor=cfg.monitor,
                                               mode=metric_mode(cfg.monitor) if cfg.mode == "auto" else cfg.mode)
-        resume_from = find_resume_checkpoint(cfg.resume, run_dir)
-        if resume_from is not None:
-            checkpoint = read_checkpoint(resume_from)
+        found = _read_resume_checkpoint(cfg.resume, run_dir, progress, log)
+        if found is not None:
+            resume_from, checkpoint = found
             saved = checkpoint["state"]
             # the optimizer must have the groups it had when saved: redo the unfreezing done by then
             mid_epoch = bool(saved.get("loader", {}).get("batches_done"))
@@ -335,7 +353,10 @@ class Trainer:
                     unfreeze(model, *cfg.unfreeze_at[epoch])  # type: ignore[index]
                     extend_optimizer(optimizer, model, lr_by_pattern=cfg.lr_by_pattern, scheduler=scheduler)
             if "sharded" in saved:  # FSDP: model and optimizer come from the sharded folder beside the file
-                folder = Path(resume_from).parent / saved["sharded"]
+                from trainwise.checkpoint.dcp import sharded_folder
+
+                # only a plain sharded-stepN folder beside the file, and only on an FSDP run (issue 10)
+                folder = sharded_folder(resume_from, saved["sharded"], fsdp=sharded)
                 load_sharded(folder, resumable["model"], resumable["optimizer"])  # collective
                 rest = {**_without_model(resumable), "sharded": None}
                 restore_checkpoint(checkpoint, rest)  # plain values (the loop state) come back in `rest`
@@ -351,6 +372,8 @@ class Trainer:
             )
             log.write({"kind": "resumed", "checkpoint": str(resume_from), "epoch": state.loop["epoch"],
                        "step": accumulator.optimizer_steps})
+        if state.guard.model is not None:
+            state.guard.keep(accumulator.optimizer_steps)  # a NaN before the first check returns the model here
         history: list[dict[str, float]] = state.loop["history"]
         outcome = _Outcome(overfitting=_overfitting_from(state.loop))
         threads = _cpu_threads_beside_workers(device, train_loader)
@@ -506,10 +529,12 @@ class Trainer:
                     loss = loss_fn(outputs, targets)
                 items = count_items(targets, count=cfg.count, ignore_index=cfg.ignore_index)
                 accumulator.backward(loss, count=items, reduction=cfg.loss_reduction)
+            # with nonfinite="skip" a window's losses count only once its step is taken (see _optimizer_step)
+            window_metric = state.window_loss if state.window_loss is not None else loss_metric
             if cfg.loss_reduction == "mean":
-                loss_metric.update(loss, items)
+                window_metric.update(loss, items)
             else:
-                loss_metric.update_sum(loss, items)
+                window_metric.update_sum(loss, items)
             if state.loop["accuracy"] is None:
                 state.loop["accuracy"] = cfg.accuracy == "on" or (
                     cfg.accuracy == "auto" and is_classification(outputs, targets)
@@ -532,7 +557,11 @@ class Trainer:
 
     def _optimizer_step(self, state: _LoopState, epoch: int) -> None:
         cfg, accumulator = self.config, state.accumulator
-        accumulator.step()
+        stepped = accumulator.step()
+        if state.window_loss is not None:  # nonfinite="skip": a skipped step's losses are not averaged in
+            if stepped:
+                state.metrics.mean("loss").update_sum(*state.window_loss.fold())
+            state.window_loss.reset()
         if accumulator.windows % cfg.log_every == 0:
             if cfg.nonfinite == "stop":
                 _check_finite(state)
@@ -564,7 +593,10 @@ class Trainer:
                 save_sharded(state.log.run_dir / "checkpoints" / folder, resumable["model"], resumable["optimizer"])
                 resumable = {**_without_model(resumable), "sharded": folder}
         if state.manager is not None:  # rank 0 only, from the unwrapped module
-            state.manager.save(resumable, step=step, metric=metric, config=self.config.to_dict())
+            try:
+                state.manager.save(resumable, step=step, metric=metric, config=self.config.to_dict())
+            except OSError as exc:  # a full disk, a file size limit, a folder made read-only during the run
+                raise TrainwiseError(_checkpoint_write_failure(state.manager, step, exc)) from None
             if "sharded" in resumable:
                 _prune_sharded(state.manager)
         barrier()  # nobody goes on (or reads it) before the checkpoint is complete
@@ -621,6 +653,96 @@ class Trainer:
         return metrics.compute()
 
 
+def _check_factory_signature(what: str, factory: Callable[..., Any], takes: str, example: str) -> None:
+    """Refuse an optimizer/scheduler factory that cannot be called with one argument, before it is called."""
+    import inspect
+
+    try:
+        inspect.signature(factory).bind(None)
+    except TypeError:
+        name = getattr(factory, "__name__", type(factory).__name__)
+        raise TrainwiseError(
+            f"the {what} factory {name}{inspect.signature(factory)} must take one argument, {takes}, "
+            f"like {example}."
+        ) from None
+    except ValueError:  # a builtin without a signature: the call itself will tell
+        pass
+
+
+def _check_data(loader: Any, what: str) -> None:
+    """Refuse empty data, and more loader workers than the machine can run, before anything is written."""
+    workers = getattr(loader, "num_workers", 0)
+    if isinstance(workers, int) and workers > max_workers():
+        raise TrainwiseError(
+            f"the {what} DataLoader has num_workers={workers}, more than {max_workers()} (4 per CPU core here, "
+            "at least 8): each worker is a process holding a copy of the dataset, so use fewer."
+        )
+    try:
+        batches = len(loader)
+    except TypeError:  # an iterable dataset without a length: checked when its first epoch yields nothing
+        return
+    if batches == 0:
+        dataset = getattr(loader, "dataset", None)
+        size = _length(dataset)
+        if size == 0:
+            fix = "pass val_data=None to train without validation" if what == "validation" else "check the data"
+            raise TrainwiseError(f"the {what} data set is empty (0 samples); {fix}.")
+        raise TrainwiseError(
+            f"the {what} data yields no batches ({size} samples with drop_last=True and a larger batch size); "
+            "use a smaller batch_size or drop_last=False."
+        )
+
+
+def _length(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def _lock_run_dir(run_dir: Path, dist_info: DistributedInfo) -> RunLock:
+    """Rank 0 locks the run folder; every process raises the same one-sentence error if it cannot."""
+    lock = RunLock(run_dir)
+    problem = None
+    if dist_info.is_main:
+        try:
+            lock.acquire()
+        except TrainwiseError as exc:
+            problem = str(exc)
+    if dist_info.enabled:
+        problem = broadcast_object(problem)
+    if problem is not None:
+        lock.release()
+        raise TrainwiseError(problem)
+    return lock
+
+
+def _read_resume_checkpoint(
+    resume: Any, run_dir: Path, progress: PlainProgress, log: Any
+) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint to resume from, read; with ``"auto"`` or a folder, damaged newer files are skipped (said)."""
+    path = find_resume_checkpoint(resume, run_dir)
+    if path is None:
+        return None
+    if resume != "auto" and not Path(resume).is_dir():  # an explicit file: that one or an error
+        verify_checksums(path)
+        return path, read_checkpoint(path)
+    found = CheckpointManager(path.parent.parent).read_latest() if path.parent.name == CHECKPOINT_FOLDER else None
+    if found is None:
+        raise TrainwiseError(f"no intact checkpoint in {path.parent}; start without resume or pass another file.")
+    chosen, checkpoint, skipped = found
+    for reason in skipped:
+        progress.message(f"{reason} Resuming from the previous good checkpoint, {chosen}.")
+        log.write({"kind": "damaged_checkpoint", "reason": reason, "using": str(chosen)})
+    return chosen, checkpoint
+
+
+def _checkpoint_write_failure(manager: CheckpointManager, step: int, exc: OSError) -> str:
+    latest = manager.latest()
+    good = f"the latest good checkpoint is {latest}" if latest is not None else "no checkpoint was written before"
+    return f"{write_failure(manager.folder / checkpoint_name(step), exc)} at step {step}; {good}."
+
+
 def _without_model(resumable: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint entries an FSDP run keeps in the plain file (model and optimizer are sharded)."""
     return {k: v for k, v in resumable.items() if k not in ("model", "optimizer")}
@@ -650,19 +772,19 @@ def _validation_padding(model: torch.nn.Module, loader: Any, device: torch.devic
 
 def _check_finite(state: _LoopState) -> None:
     """Raise NonFiniteLossError on every process when any process saw a NaN/inf loss (decided together)."""
+    step = state.accumulator.optimizer_steps
     if not state.dist.enabled:
-        state.guard.check()
+        state.guard.check(step)
         return
     try:
-        state.guard.check()
+        state.guard.check(step)
         found = None
     except NonFiniteLossError as exc:
         found = exc
     if any_rank(found is not None, device=state.device):
         raise found or NonFiniteLossError(
-            "the training loss became non-finite on another process; lower the learning rate, clip gradients "
-            "(max_grad_norm) or use nonfinite='skip' to skip such steps.",
-            step=state.accumulator.optimizer_steps + 1,
+            state.guard.restore_and_explain("the training loss became non-finite on another process"),
+            step=step + 1,
         )
 
 
@@ -716,6 +838,7 @@ class _LoopState:
     log: RunLog
     progress: PlainProgress
     manager: CheckpointManager | None = None
+    window_loss: Mean | None = None  # nonfinite="skip": the current window's loss, added once its step is taken
     dist: DistributedInfo = dataclasses.field(default_factory=DistributedInfo)
     resumable: dict[str, Any] = dataclasses.field(default_factory=dict)
     loop: dict[str, Any] = dataclasses.field(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.config import TrainerConfig, parse_override, unknown_option
-from trainwise.errors import TrainwiseError
+from trainwise.errors import TrainwiseError, show
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -172,6 +172,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise TrainwiseError(f"config file {str(path)!r} is not UTF-8 text.") from None
     except tomllib.TOMLDecodeError as exc:
         raise TrainwiseError(f"config file {str(path)!r} is not valid TOML: {exc}.") from None
+    except ValueError as exc:  # an integer of more than 4300 digits: Python refuses to convert it
+        raise TrainwiseError(f"config file {str(path)!r} has a value Python cannot read ({exc}).") from None
 
 
 def load_config(path: Path, overrides: Sequence[str] = ()) -> FitConfig:
@@ -258,6 +260,8 @@ def _toml_value(text: str) -> Any:
         return tomllib.loads(f"value = {text.strip()}")["value"]
     except tomllib.TOMLDecodeError:
         return text.strip()
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise TrainwiseError(f"override value {show(text.strip(), 40)} cannot be read ({exc}).") from None
 
 
 def _factory(table: str, entry: dict[str, Any]) -> Factory:
