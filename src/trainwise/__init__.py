@@ -46,6 +46,7 @@ _EXPORTS = {
     "export": "trainwise.exporting",
     "extend_optimizer": "trainwise.freezing",
     "find_resume_checkpoint": "trainwise.checkpoint.manager",
+    "forward_micro_batch": "trainwise.batches",
     "freeze": "trainwise.freezing",
     "frozen_norm_layers": "trainwise.freezing",
     "get_rng_state": "trainwise.seeding",
@@ -53,6 +54,7 @@ _EXPORTS = {
     "load_exported": "trainwise.exporting",
     "load_weights": "trainwise.checkpoint.weights",
     "loader_generator": "trainwise.seeding",
+    "mark_last": "trainwise.batches",
     "move_to_device": "trainwise.device",
     "param_groups": "trainwise.freezing",
     "plot_learning_curves": "trainwise.plots",
@@ -106,6 +108,7 @@ __all__ = [
     "export",
     "extend_optimizer",
     "find_resume_checkpoint",
+    "forward_micro_batch",
     "freeze",
     "frozen_norm_layers",
     "get_rng_state",
@@ -115,6 +118,7 @@ __all__ = [
     "load_exported",
     "load_weights",
     "loader_generator",
+    "mark_last",
     "move_to_device",
     "param_groups",
     "plot_learning_curves",
@@ -152,7 +156,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
     from trainwise.accumulation import GradientAccumulator, accumulation_steps
-    from trainwise.batches import call_model, count_items, split_batch
+    from trainwise.batches import call_model, count_items, forward_micro_batch, mark_last, split_batch
     from trainwise.checkpoint.io import safe_load
     from trainwise.checkpoint.loader import ResumableLoader
     from trainwise.checkpoint.manager import CheckpointManager, find_resume_checkpoint

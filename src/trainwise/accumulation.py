@@ -1,9 +1,12 @@
 """Gradient accumulation whose gradients equal those of the whole effective batch.
 
-Each micro-batch loss is weighted by the number of items it averages over (samples, or tokens), and the
-summed gradients are divided once by the window's total count before the optimizer step. That is exact
-when micro-batches differ in size, when a loss is a sum over a varying number of tokens, and for a short
-last window at the end of an epoch: dividing every micro-batch loss by the accumulation count is not.
+Each micro-batch loss is weighted by the number of items it averages over (samples, or tokens) divided by
+an expected window count fixed before the window's counts are known (``steps`` times the window's first
+count; under DDP ``steps`` times the previous window's mean count per micro-batch over all processes), so
+gradients keep the magnitude of ``loss / steps`` (fp16 overflows no sooner); the step then divides by the
+window's total count over that same expected count. That is exact when micro-batches differ in size, when
+a loss is a sum over a varying number of tokens, and for a short last window at the end of an epoch:
+dividing every micro-batch loss by the accumulation count is not.
 """
 
 from __future__ import annotations
@@ -105,6 +108,12 @@ class GradientAccumulator:
         self.skipped_steps = 0
         self.last_grad_norm: torch.Tensor | None = None
         self._count: torch.Tensor | int | float = 0
+        # Backpropagated: loss * count / expected (about loss / steps: a GradScaler overflows no sooner than with
+        # the usual recipe); the step divides by total count / expected. Any positive ``expected`` fixed at the
+        # window's first micro-batch is exact, and computing it needs no host sync.
+        self._expected: torch.Tensor | int | float | None = None
+        # distributed only: mean count per micro-batch of the last window over every process (1 at first)
+        self._reference: torch.Tensor | int | float = 1
 
     @property
     def window_full(self) -> bool:
@@ -115,6 +124,11 @@ class GradientAccumulator:
     def windows(self) -> int:
         """Windows finished so far: optimizer steps taken plus those skipped for non-finite gradients."""
         return self.optimizer_steps + self.skipped_steps
+
+    def ends_window(self, *, last: bool) -> bool:
+        """Whether the next micro-batch ends the window: it fills it, or it is the epoch's ``last`` (see
+        :func:`trainwise.mark_last`). Under DDP only that micro-batch's backward may sync gradients."""
+        return self.micro_batches + 1 >= self.steps or last
 
     def backward(
         self,
@@ -131,19 +145,52 @@ class GradientAccumulator:
             count = count.detach()
         elif not count > 0:
             raise TrainwiseError(f"count must be the positive number of items behind the loss, got {count!r}.")
-        if self.steps == 1 and reduction == "mean" and not isinstance(count, torch.Tensor) and not self.distributed:
-            # A one-micro-batch window of a mean loss already has the right gradient: skip scaling by the
-            # count and dividing it out again (a pass over every gradient that large models notice).
-            total = loss
-            count = 1
+        if self._expected is None:
+            self._expected = self._window_expected(count)
+        # The micro-batch's summed loss over ``expected``: its gradient adds up exactly across micro-batches.
+        weight = _ratio(count if reduction == "mean" else 1, self._expected)
+        if isinstance(weight, torch.Tensor):
+            total = loss * weight.to(torch.promote_types(loss.dtype, torch.float32))
         else:
-            # The summed loss of the micro-batch: its gradient adds up exactly across micro-batches.
-            total = loss * count if reduction == "mean" else loss
+            # Host counts: a one-micro-batch window of a mean loss (not distributed) has weight 1.0 and the
+            # step divides by 1.0, so both are skipped (a pass over every gradient that large models notice).
+            total = loss if weight == 1 else loss * weight
         if self.scaler is not None:
             total = self.scaler.scale(total)
         total.backward()
         self.micro_batches += 1
         self._count = self._count + count
+
+    def backward_empty(self, outputs: Any) -> None:
+        """Backpropagate a micro-batch that counts zero items: a padding batch of zero rows (a rank whose shard
+        ran out, see ``trainwise.distributed.ShardedBatchSampler``) or one whose every token is ignored.
+
+        It adds nothing to the gradient or to the window's count, but it runs a backward through the model's
+        ``outputs`` (their forward graph), so that DDP's gradient all-reduce and FSDP's reduce-scatter run on
+        this process as on the others, and it counts as a micro-batch of the window (``window_full``). The
+        zero is ``sum((t * 0).sum())`` over the floating tensors in ``outputs`` (a tensor, or tuples, lists and
+        dicts of them): built from the outputs, never from the loss, whose mean over zero items is NaN (and
+        NaN * 0 is NaN). It is finite whenever the outputs are (always for zero rows); an inf or NaN output
+        makes it NaN. The window must count some item on some process, or its step divides 0 by 0.
+        """
+        found, pending = [], [outputs]
+        while pending:
+            item = pending.pop()
+            if isinstance(item, torch.Tensor):
+                if item.requires_grad and item.is_floating_point():
+                    found.append(item)
+            elif isinstance(item, dict):  # transformers' ModelOutput is a dict too
+                pending.extend(item.values())
+            elif isinstance(item, (list, tuple)):
+                pending.extend(item)
+        if not found:
+            raise TrainwiseError(
+                f"backward_empty needs the model's outputs as tensors attached to the graph, got "
+                f"{type(outputs).__name__}; pass what the model returned, computed outside torch.no_grad()."
+            )
+        zero = sum((t * 0).sum(dtype=torch.float32) for t in found)
+        # a summed loss of zero items: the window's count gains 0 (a tensor: backward checks only host counts)
+        self.backward(zero, count=torch.zeros((), device=zero.device), reduction="sum")
 
     def parameters(self) -> list[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -156,7 +203,13 @@ class GradientAccumulator:
         grads = [p.grad for p in params if p.grad is not None]
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        _divide_(grads, self._global_count(grads) if self.distributed else self._count)
+        count = self._count
+        if self.distributed:
+            count, micro_batches = self._global_count(grads)
+            self._reference = _positive(_ratio(count, micro_batches))  # the same on every process
+        # after unscale_ (which checks for inf/NaN), so the inf check sees the backpropagated values
+        # _positive: a window that counted no item anywhere (all padding) has zero gradients, not 0/0
+        _divide_(grads, _ratio(_positive(count), self._expected if self._expected is not None else 1))
         stepped = True
         if self.max_grad_norm is not None:
             self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
@@ -180,18 +233,34 @@ class GradientAccumulator:
             self.skipped_steps += 1
         self.micro_batches = 0
         self._count = 0
+        self._expected = None
         return stepped
 
-    def _global_count(self, grads: list[torch.Tensor]) -> torch.Tensor | int | float:
-        """The window's count over all processes divided by their number (DDP already averaged the sums)."""
+    def _global_count(self, grads: list[torch.Tensor]) -> tuple[torch.Tensor | int | float, torch.Tensor | int | float]:
+        """The window's count and micro-batches, each summed over all processes and divided by their number.
+
+        DDP averaged the processes' sums of ``loss * count / expected``, with ``expected`` the same on every
+        process, so dividing by (count over all processes / their number) / expected gives the global batch.
+        """
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return self._count
+            return self._count, self.micro_batches
         device = grads[0].device if grads else torch.device("cpu")
-        count = torch.as_tensor(self._count, dtype=torch.float64, device=device).clone()
-        dist.all_reduce(count, op=dist.ReduceOp.SUM)
-        return count / dist.get_world_size()
+        count = torch.as_tensor(self._count, dtype=torch.float64, device=device)
+        both = torch.stack([count, torch.full_like(count, self.micro_batches)])
+        dist.all_reduce(both, op=dist.ReduceOp.SUM)
+        both = both / dist.get_world_size()
+        return both[0], both[1]
+
+    def _window_expected(self, count: torch.Tensor | int | float) -> torch.Tensor | int | float:
+        """The expected window count, fixed at the window's first micro-batch (no host sync: may be a tensor)."""
+        if self.distributed:
+            # DDP averages the processes' sums before the step, which can divide out only an ``expected`` that
+            # is the same on every process: the previous window's global mean count per micro-batch (the step's
+            # all-reduce gives it to every process), 1 for the first window.
+            return self.steps * self._reference
+        return self.steps * _positive(count)  # about the window's total count; any positive value is exact
 
     def sync_context(self, model: torch.nn.Module, *, last: bool) -> contextlib.AbstractContextManager[None]:
         """Under DDP, skip the gradient all-reduce for every micro-batch but the last of a window."""
@@ -200,12 +269,17 @@ class GradientAccumulator:
             return _NULL_CONTEXT
         return no_sync()
 
-    def state_dict(self) -> dict[str, int]:
-        return {"optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps}
+    def state_dict(self) -> dict[str, int | float]:
+        # the reference count goes with the state so that a resumed DDP run scales its next window as the
+        # uninterrupted run does (same rounding, bit for bit)
+        return {"optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps,
+                "reference": float(self._reference)}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, int | float]) -> None:
         self.optimizer_steps = int(state["optimizer_steps"])
         self.skipped_steps = int(state["skipped_steps"])
+        reference = float(state.get("reference", 1.0))
+        self._reference = reference if reference > 0 and reference != float("inf") else 1.0
 
 
 def _divide_(grads: Iterable[torch.Tensor], count: torch.Tensor | int | float) -> None:
@@ -222,6 +296,25 @@ def _divide_(grads: Iterable[torch.Tensor], count: torch.Tensor | int | float) -
         groups[(g.device, g.dtype)].append(g)
     for (device, _), group in groups.items():
         torch._foreach_div_(group, count.to(device=device))
+
+
+def _positive(value: torch.Tensor | int | float) -> torch.Tensor | int | float:
+    """The value, or 1 where it is not positive (an all-padding micro-batch counts 0 tokens); no host sync."""
+    if isinstance(value, torch.Tensor):
+        return torch.where(value > 0, value, torch.ones_like(value))
+    return value if value > 0 else 1
+
+
+def _ratio(numerator: torch.Tensor | int | float, denominator: torch.Tensor | int | float) -> torch.Tensor | float:
+    """A Python float for host numbers; otherwise a float64 tensor (float32 on MPS) on the tensors' device."""
+    tensors = [v for v in (numerator, denominator) if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return numerator / denominator
+    device = next((t.device for t in tensors if t.device.type != "cpu"), tensors[0].device)
+    dtype = torch.float32 if device.type == "mps" else torch.float64
+    return torch.as_tensor(numerator, dtype=dtype, device=device) / torch.as_tensor(
+        denominator, dtype=dtype, device=device
+    )
 
 
 def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:

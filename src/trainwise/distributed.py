@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
 
 from trainwise.errors import TrainwiseError
-from trainwise.seeding import rebuild_loader
+from trainwise.seeding import SeededBatchSampler, rebuild_loader
 
 DEFAULT_TIMEOUT = 300.0  # seconds a collective waits for a peer before raising (a dead rank, a stuck one)
 
@@ -187,18 +189,174 @@ class ShardSampler(Sampler[int]):
 
 
 def train_sampler(dataset: Dataset, *, shuffle: bool, seed: int, drop_last: bool = False) -> DistributedSampler:
-    """The training shard of this rank: ``DistributedSampler`` seeded identically on every rank.
+    """``DistributedSampler`` seeded identically on every rank (call ``set_sampler_epoch`` every epoch).
 
-    Call ``set_sampler_epoch(loader, epoch)`` before every epoch, or every epoch repeats the same order.
+    It repeats samples when the world size does not divide the data set, so processes do not train on the
+    data one process would; :func:`shard_loader` (:class:`ShardedBatchSampler`) is exact.
     """
     return DistributedSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
 
 
-def set_sampler_epoch(loader: Any, epoch: int) -> bool:
-    """Tell a loader's sampler (``DistributedSampler`` or any with ``set_epoch``) which epoch starts."""
+class ShardedBatchSampler(SeededBatchSampler):
+    """This rank's batches of a batch sampler that every rank draws identically: batches ``r, r+W, r+2W...``.
+
+    Every batch of the epoch, and so every sample, goes to exactly one rank: nothing is repeated or dropped.
+    ``pad=True`` (training): a rank left with fewer batches than rank 0 (at most one fewer) ends its epoch
+    with empty index lists, which :class:`PaddingCollate` turns into batches of zero rows, so that every rank
+    runs as many micro-batches (the same accumulation windows, DDP/FSDP collectives and optimizer steps);
+    ``len()`` counts them. A zero-row batch counts zero items: backpropagate it with
+    ``GradientAccumulator.backward_empty(outputs)``. ``drop_last=True`` drops the last batches that do not
+    fill a step of every rank (as one process with a W times larger batch would drop its short last batch).
+    The batches are drawn as :class:`SeededBatchSampler` draws them (seeded from ``(seed, epoch)``).
+    """
+
+    def __init__(
+        self,
+        batch_sampler: Any,
+        *,
+        seed: int,
+        pad: bool = True,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        super().__init__(batch_sampler, seed=seed)
+        self.rank = get_rank() if rank is None else rank
+        self.world_size = get_world_size() if world_size is None else world_size
+        self.pad = pad
+        self.drop_last = drop_last
+        try:
+            total = self._total()
+        except TypeError:
+            raise TrainwiseError(
+                f"the batch_sampler {type(batch_sampler).__name__} has no len(); give it a __len__ that returns "
+                "the number of batches it yields, so that the processes can share them."
+            ) from None
+        if pad and 0 < total < self.world_size:
+            raise TrainwiseError(
+                f"the training data makes {total} batch(es) for {self.world_size} processes, so some process "
+                "would get none; use a smaller batch size or fewer processes."
+            )
+
+    def _total(self) -> int:
+        """Batches of the epoch over all ranks (after drop_last)."""
+        total = len(self.batch_sampler)
+        return total - total % self.world_size if self.drop_last else total
+
+    @property
+    def real_batches(self) -> int:
+        """Batches of data this rank gets this epoch (without padding)."""
+        return len(range(self.rank, self._total(), self.world_size))
+
+    @property
+    def padding(self) -> int:
+        """Empty batches this rank yields at the end of the epoch (known without a collective)."""
+        return len(self) - self.real_batches
+
+    def __len__(self) -> int:
+        return -(-self._total() // self.world_size) if self.pad else self.real_batches
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        mine = self.epoch_batches()[: self._total()][self.rank :: self.world_size]
+        return iter(mine + [[] for _ in range(len(self) - len(mine))])
+
+    def check(self) -> list[list[Any]]:
+        """:meth:`SeededBatchSampler.check`, and under a process group, that every rank drew the same
+        batches (one all-reduce of a digest: call it on every rank at the same point)."""
+        batches = super().check()
+        if is_distributed():
+            digest = hashlib.blake2b(digest_size=8)
+            for batch in batches:
+                digest.update(repr(batch).encode())
+            value = int.from_bytes(digest.digest(), "little", signed=True) >> 1  # so that -value fits int64 too
+            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+            both = torch.tensor([value, -value], dtype=torch.int64, device=device)
+            dist.all_reduce(both, op=dist.ReduceOp.MAX)
+            if int(both[0]) != -int(both[1]):
+                raise TrainwiseError(
+                    f"the batch_sampler {type(self.batch_sampler).__name__} drew different batches on different "
+                    "processes; seed its generator the same on every process (not from the rank or the clock), "
+                    "or give it num_replicas and rank attributes if it already shards the data itself."
+                )
+        return batches
+
+
+class PaddingCollate:
+    """A DataLoader ``collate_fn`` that turns an empty index list (a padding batch) into a batch of zero rows.
+
+    The zero-row batch is a real batch (of the sample ``index``, collated by ``collate_fn``) cut to zero rows
+    along dimension 0, so it has the structure, dtypes and trailing shapes of the others. Picklable for worker
+    processes, which read the sample from their own copy of the dataset.
+    """
+
+    def __init__(self, collate_fn: Any, dataset: Any, index: Any) -> None:
+        self.collate_fn = collate_fn
+        self.dataset = dataset
+        self.index = index
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "dataset": None}  # a worker has the dataset already: do not send it twice
+
+    def __call__(self, samples: Any) -> Any:
+        if len(samples):
+            return self.collate_fn(samples)
+        dataset = self.dataset
+        if dataset is None:
+            from torch.utils.data import get_worker_info
+
+            dataset = get_worker_info().dataset
+        getitems = getattr(dataset, "__getitems__", None)
+        one = getitems([self.index]) if getitems else [dataset[self.index]]
+        return zero_rows(self.collate_fn(one))
+
+
+def zero_rows(batch: Any) -> Any:
+    """``batch`` with every tensor (and array, and list of plain values) cut to zero rows along dimension 0."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return batch[:0] if batch.ndim else batch
+    if isinstance(batch, Mapping):
+        cut = {key: zero_rows(value) for key, value in batch.items()}
+        try:
+            return type(batch)(cut)
+        except TypeError:
+            return cut
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(batch, **{f.name: zero_rows(getattr(batch, f.name))
+                                             for f in dataclasses.fields(batch) if f.init})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(zero_rows(item) for item in batch))
+    if isinstance(batch, (list, tuple)):
+        if isinstance(batch, list) and all(isinstance(item, (str, bytes, int, float, bool)) for item in batch):
+            return []  # a batch of plain values (texts, ids): one per row
+        return type(batch)(zero_rows(item) for item in batch)
+    return batch
+
+
+def padding_batches(loader: Any) -> int:
+    """Empty (zero-row) batches at the end of this rank's epoch of ``loader`` (0 for any other loader)."""
     for holder in (loader, getattr(loader, "loader", None)):  # ResumableLoader wraps the DataLoader
-        for sampler in (getattr(holder, "sampler", None), getattr(getattr(holder, "batch_sampler", None),
-                                                                  "sampler", None)):
+        batch_sampler = getattr(holder, "batch_sampler", None)
+        if isinstance(batch_sampler, ShardedBatchSampler):
+            return batch_sampler.padding
+    return 0
+
+
+def validation_padding(model: torch.nn.Module, loader: Any, device: torch.device | str) -> int:
+    """Extra forwards this process runs so that all match the longest validation shard (FSDP only: it
+    gathers parameters in every forward, so every process must run as many). One all-reduce."""
+    if not is_distributed() or not is_sharded(model) or not hasattr(loader, "__len__"):
+        return 0
+    count = torch.tensor([len(loader)], dtype=torch.int64, device=device)
+    longest = count.clone()
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+    return int(longest.item() - count.item())
+
+
+def set_sampler_epoch(loader: Any, epoch: int) -> bool:
+    """Tell a loader's batch sampler or sampler (any with ``set_epoch``) which epoch starts."""
+    for holder in (loader, getattr(loader, "loader", None)):  # ResumableLoader wraps the DataLoader
+        batch_sampler = getattr(holder, "batch_sampler", None)
+        for sampler in (batch_sampler, getattr(holder, "sampler", None), getattr(batch_sampler, "sampler", None)):
             if callable(getattr(sampler, "set_epoch", None)):
                 sampler.set_epoch(epoch)
                 return True
@@ -206,25 +364,51 @@ def set_sampler_epoch(loader: Any, epoch: int) -> bool:
 
 
 def shard_loader(loader: DataLoader, *, train: bool, seed: int, drop_last: bool | None = None) -> DataLoader:
-    """The same DataLoader with its sampler replaced by this rank's shard (training or evaluation).
+    """The same DataLoader drawing only this rank's shard: every sample on exactly one rank per epoch.
 
-    A loader whose sampler is already distributed (has ``set_epoch``), or that uses a custom batch sampler,
-    is returned unchanged: it shards itself.
+    Training: the batches one process would draw (the loader's sampler and batch size, or its own
+    ``batch_sampler``: bucketing...), dealt to the ranks in turn by :class:`ShardedBatchSampler`, a rank with
+    one batch fewer ending with a zero-row batch (:class:`PaddingCollate`); ``drop_last`` (default: the
+    loader's) drops the last batches that do not fill a step of every rank. Evaluation: :class:`ShardSampler`
+    (or the batch sampler's batches dealt in turn), no padding. Call it on every rank at the same point (it
+    checks, with one all-reduce, that the ranks drew the same batches). Returned unchanged: a loader whose
+    sampler is already distributed (has ``set_epoch``), or whose batch sampler shards itself (it, or its
+    ``sampler``, has ``num_replicas``), or a loader without automatic batching (``batch_size=None``).
     """
-    from torch.utils.data import RandomSampler
-
-    sampler = loader.sampler
-    custom_batches = loader.batch_sampler is not None and loader.batch_size is None
-    if callable(getattr(sampler, "set_epoch", None)) or custom_batches:
+    sampler, batch_sampler = loader.sampler, loader.batch_sampler
+    custom = batch_sampler is not None and loader.batch_size is None
+    if (
+        isinstance(batch_sampler, ShardedBatchSampler)
+        or callable(getattr(sampler, "set_epoch", None))
+        or (custom and _shards_itself(batch_sampler))
+    ):
         return loader
-    if train:
-        new: Sampler[int] = train_sampler(
-            loader.dataset, shuffle=isinstance(sampler, RandomSampler), seed=seed,
-            drop_last=loader.drop_last if drop_last is None else drop_last,
-        )
+    if batch_sampler is None:  # no automatic batching: every index is a batch of the dataset's own
+        if not train:
+            return rebuild_loader(loader, sampler=ShardSampler(loader.dataset), worker_init_fn=loader.worker_init_fn,
+                                  generator=loader.generator)
+        return loader
+    if custom:
+        if isinstance(batch_sampler, SeededBatchSampler):  # prepare_loader's: keep its seed
+            batch_sampler, seed = batch_sampler.batch_sampler, batch_sampler.seed
+        sharded = ShardedBatchSampler(batch_sampler, seed=seed, pad=train)
+    elif train:
+        drop = loader.drop_last if drop_last is None else drop_last
+        sharded = ShardedBatchSampler(BatchSampler(sampler, loader.batch_size, drop), seed=seed, drop_last=drop)
     else:
-        new = ShardSampler(loader.dataset)
-    return rebuild_loader(loader, sampler=new, worker_init_fn=loader.worker_init_fn, generator=loader.generator)
+        return rebuild_loader(loader, sampler=ShardSampler(loader.dataset), worker_init_fn=loader.worker_init_fn,
+                              generator=loader.generator)
+    sample = next((batch[0] for batch in sharded.check() if batch), None)  # any index, to shape zero-row batches
+    collate = loader.collate_fn
+    if train and sample is not None:
+        collate = PaddingCollate(collate, loader.dataset, sample)
+    return rebuild_loader(loader, batch_sampler=sharded, collate_fn=collate, worker_init_fn=loader.worker_init_fn,
+                          generator=loader.generator)
+
+
+def _shards_itself(batch_sampler: Any) -> bool:
+    """A batch sampler that already picks this rank's part (like one over a ``DistributedSampler``)."""
+    return any(hasattr(s, "num_replicas") for s in (batch_sampler, getattr(batch_sampler, "sampler", None)))
 
 
 # -- models --------------------------------------------------------------------------------------------------
@@ -339,7 +523,9 @@ def sharded_to_single_file(folder: str | os.PathLike[str], output: str | os.Path
 __all__ = [
     "DEFAULT_TIMEOUT",
     "DistributedInfo",
+    "PaddingCollate",
     "ShardSampler",
+    "ShardedBatchSampler",
     "any_rank",
     "barrier",
     "broadcast_flag",
@@ -355,10 +541,13 @@ __all__ = [
     "launched_by_torchrun",
     "load_sharded",
     "local_device",
+    "padding_batches",
     "save_sharded",
     "set_sampler_epoch",
     "shard_loader",
     "shard_model",
     "sharded_to_single_file",
     "train_sampler",
+    "validation_padding",
+    "zero_rows",
 ]

@@ -85,6 +85,18 @@ class Mean(Metric):
             self._total.add_(value * weight)
         self._add_count(weight)
 
+    def update_loss(
+        self, loss: torch.Tensor | None, count: torch.Tensor | int | float, reduction: str = "mean"
+    ) -> None:
+        """Add a loss that means (or sums, ``reduction="sum"``) over ``count`` items; a loss over no item
+        (``None``, or ``count`` 0: every target ignored) adds nothing, so it cannot make the mean NaN."""
+        if loss is None or (not isinstance(count, torch.Tensor) and count == 0):
+            return
+        if reduction == "mean":
+            self.update(loss, count)
+        else:
+            self.update_sum(loss, count)
+
     def update_sum(self, total: torch.Tensor | float, count: torch.Tensor | int | float) -> None:
         """Add a sum over ``count`` items (for a loss computed with ``reduction='sum'``)."""
         if isinstance(total, torch.Tensor):

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from trainwise.errors import TrainwiseError
 
@@ -98,17 +100,19 @@ def seeded_loader(
 def prepare_loader(loader: DataLoader, *, seed: int) -> DataLoader:
     """Rebuild a user's DataLoader with a seeded generator and worker seeding, keeping everything else.
 
-    A user's ``worker_init_fn`` still runs, after trainwise's seeding.
+    A user's ``worker_init_fn`` still runs, after trainwise's seeding. A loader with its own ``batch_sampler``
+    gets it wrapped in :class:`SeededBatchSampler` (refused, in one sentence, if its order is not reproducible).
     """
     if not isinstance(loader, DataLoader):
         raise TrainwiseError(f"expected a torch DataLoader, got {type(loader).__name__}.")
-    if loader.batch_sampler is not None and loader.batch_size is None:
-        raise TrainwiseError(
-            "this DataLoader uses a custom batch_sampler; give that sampler a seeded generator yourself, "
-            "or pass the dataset and batch_size to trainwise instead."
-        )
     user_init = loader.worker_init_fn
     init = seed_worker if user_init is None else _chain_worker_init(user_init)
+    if loader.batch_sampler is not None and loader.batch_size is None:  # its own batch_sampler (bucketing...)
+        batches = loader.batch_sampler
+        if not isinstance(batches, SeededBatchSampler):
+            batches = SeededBatchSampler(batches, seed=seed)
+            batches.check()
+        return rebuild_loader(loader, batch_sampler=batches, worker_init_fn=init, generator=loader_generator(seed))
     from torch.utils.data import RandomSampler
 
     if isinstance(loader.sampler, RandomSampler):
@@ -119,18 +123,26 @@ def prepare_loader(loader: DataLoader, *, seed: int) -> DataLoader:
 
 
 def rebuild_loader(
-    loader: DataLoader, *, sampler: Any, worker_init_fn: Any = None, generator: torch.Generator | None = None
+    loader: DataLoader,
+    *,
+    sampler: Any = None,
+    worker_init_fn: Any = None,
+    generator: torch.Generator | None = None,
+    batch_sampler: Any = None,
+    collate_fn: Any = None,
 ) -> DataLoader:
-    """The same DataLoader (dataset, batch size, workers, collate, pinning...) with another sampler, worker
-    initialiser and generator."""
+    """The same DataLoader (dataset, batch size, workers, collate, pinning...) with another sampler (or batch
+    sampler), worker initialiser and generator, and optionally another collate function."""
+    if batch_sampler is not None:  # the batch sampler decides the batches: no batch_size, sampler, drop_last
+        batching: dict[str, Any] = {"batch_sampler": batch_sampler}
+    else:
+        batching = {"batch_size": loader.batch_size, "sampler": sampler, "drop_last": loader.drop_last}
     return DataLoader(
         loader.dataset,
-        batch_size=loader.batch_size,
-        sampler=sampler,
+        **batching,
         num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
+        collate_fn=loader.collate_fn if collate_fn is None else collate_fn,
         pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
         timeout=loader.timeout,
         worker_init_fn=worker_init_fn,
         multiprocessing_context=loader.multiprocessing_context,
@@ -151,6 +163,121 @@ def _sampler(dataset: Dataset, *, shuffle: bool, seed: int) -> Any:
     if not shuffle:
         return SequentialSampler(dataset)
     return RandomSampler(dataset, generator=loader_generator(seed))
+
+
+class SeededBatchSampler:
+    """A DataLoader's own ``batch_sampler`` (bucketing by length, say) made reproducible and resumable.
+
+    Each epoch's batches are drawn at once, while torch's CPU, Python's and NumPy's global RNGs are seeded
+    from ``(seed, epoch)`` (and put back afterwards): a sampler that draws from them gives the same batches in
+    every run, on every process and after a resume, and the training's own use of those RNGs (dropout) cannot
+    change them. ``set_epoch(epoch)`` (``set_sampler_epoch`` calls it) picks the epoch and is passed on to the
+    wrapped sampler if it has one. A ``torch.Generator`` kept as ``generator`` on the sampler (or on its
+    ``sampler``) is used as it is; ``ResumableLoader`` checkpoints it. Any other source (``random.Random()``,
+    ``np.random.default_rng()`` held by the sampler) is refused by :meth:`check`.
+    """
+
+    def __init__(self, batch_sampler: Any, *, seed: int) -> None:
+        self.batch_sampler = batch_sampler
+        self.seed = seed
+        self.epoch = 0
+        # the micro-batch size when every batch has it (a torch BatchSampler), else None (look at a batch)
+        self.batch_size = batch_sampler.batch_size if isinstance(batch_sampler, BatchSampler) else None
+
+    @property
+    def sampler(self) -> Any:
+        """The wrapped batch sampler: ``ResumableLoader`` looks for its ``generator`` here."""
+        return self.batch_sampler
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        """The wrapped sampler's index sampler's generator (``ResumableLoader`` checkpoints it)."""
+        return getattr(getattr(self.batch_sampler, "sampler", None), "generator", None)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        for sampler in (self.batch_sampler, getattr(self.batch_sampler, "sampler", None)):
+            if callable(getattr(sampler, "set_epoch", None)):
+                sampler.set_epoch(epoch)
+                return
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        return iter(self.epoch_batches())
+
+    def epoch_batches(self) -> list[list[Any]]:
+        """This epoch's batches (lists of indices), drawn with the global RNGs seeded from seed and epoch."""
+        with _seeded_global_rngs(self.seed, self.epoch):
+            batches = [[_plain_index(i) for i in batch] for batch in self.batch_sampler]
+        length = _length(self.batch_sampler)
+        if length is not None and length != len(batches):
+            raise TrainwiseError(
+                f"the batch_sampler {type(self.batch_sampler).__name__} yielded {len(batches)} batches but its "
+                f"len() is {length}; make __len__ return the number of batches it yields."
+            )
+        return batches
+
+    def check(self) -> list[list[Any]]:
+        """Draw this epoch twice from the same state and refuse a sampler whose batches differ (an unseeded
+        random source); returns the batches and leaves every generator as it was."""
+        generators = self._generators()
+        states = [g.get_state() for g in generators]
+        draws = []
+        for _ in range(2):
+            self.set_epoch(self.epoch)  # a sampler that reseeds itself in set_epoch starts over
+            draws.append(self.epoch_batches())
+            for generator, state in zip(generators, states):
+                generator.set_state(state)
+        self.set_epoch(self.epoch)
+        if draws[0] != draws[1]:
+            raise TrainwiseError(
+                f"the DataLoader's batch_sampler {type(self.batch_sampler).__name__} drew different batches from "
+                "the same seed and epoch, so its order cannot be repeated, resumed or shared by processes; draw "
+                "its randomness from torch's global RNG or from a torch.Generator kept as its `generator` "
+                "attribute, or reseed it from a seed in a set_epoch(epoch) method."
+            )
+        return draws[0]
+
+    def _generators(self) -> list[torch.Generator]:
+        found: list[torch.Generator] = []
+        inner = self.batch_sampler
+        for holder in (inner, getattr(inner, "sampler", None)):
+            generator = getattr(holder, "generator", None)
+            if isinstance(generator, torch.Generator) and not any(generator is g for g in found):
+                found.append(generator)
+        return found
+
+
+@contextlib.contextmanager
+def _seeded_global_rngs(seed: int, epoch: int) -> Iterator[None]:
+    """torch's CPU, Python's and NumPy's global RNGs seeded from ``(seed, epoch)``, then restored."""
+    derived = int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+    saved = random.getstate(), np.random.get_state(), torch.default_generator.get_state()
+    random.seed(derived)
+    np.random.seed(derived)
+    torch.default_generator.manual_seed(derived)
+    try:
+        yield
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+        torch.default_generator.set_state(saved[2])
+
+
+def _plain_index(index: Any) -> Any:
+    """An index as a plain Python value (a tensor or NumPy integer element becomes an int)."""
+    if isinstance(index, (torch.Tensor, np.integer)):
+        return int(index)
+    return index
+
+
+def _length(obj: Any) -> int | None:
+    try:
+        return len(obj)
+    except TypeError:
+        return None
 
 
 class _chain_worker_init:  # a class, not a closure, so that it pickles for spawned workers

@@ -17,13 +17,13 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from trainwise import __version__
 from trainwise.accumulation import GradientAccumulator, accumulation_steps
-from trainwise.batches import call_model, count_items, is_classification
+from trainwise.batches import MicroBatch, count_items, forward_micro_batch, is_classification
 from trainwise.batches import split_batch as default_split_batch
 from trainwise.checkpoint import CheckpointManager, ResumableLoader, find_resume_checkpoint, read_checkpoint
 from trainwise.checkpoint.manager import CHECKPOINT_FOLDER, checkpoint_name, verify_checksums
 from trainwise.checkpoint.state import restore_checkpoint
 from trainwise.config import TrainerConfig, max_workers
-from trainwise.device import move_to_device, pin_memory_default, resolve_device, resolve_precision
+from trainwise.device import pin_memory_default, resolve_device, resolve_precision
 from trainwise.diagnosis import OverfittingReport, detect_overfitting
 from trainwise.distributed import (
     DistributedInfo,
@@ -41,6 +41,7 @@ from trainwise.distributed import (
     set_sampler_epoch,
     shard_loader,
     shard_model,
+    validation_padding,
     wrap_ddp,
 )
 from trainwise.early_stopping import EarlyStopping, metric_mode
@@ -144,7 +145,7 @@ class Trainer:
         self.config = TrainerConfig(**options)
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.loss_fn = loss_fn if loss_fn is not None else torch.nn.functional.cross_entropy
+        self.loss_fn = loss_fn  # None: the model's own loss when it returns one, else cross-entropy
         self.split_batch = split_batch if split_batch is not None else default_split_batch
         self._dist = DistributedInfo()  # set by fit() under torchrun
 
@@ -195,13 +196,15 @@ class Trainer:
     def _loader(self, data: Any, *, train: bool, device: torch.device) -> Iterable[Any]:
         loader = self._local_loader(data, train=train, device=device)
         if self._dist.enabled and isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
-            # this process's shard: DistributedSampler for training, every sample once (no padding) for eval
+            # this process's shard, every sample on one process; training pads with zero-row batches (see shard_loader)
             loader = shard_loader(loader, train=train, seed=self.config.seed)
         return loader
 
     def _local_loader(self, data: Any, *, train: bool, device: torch.device) -> Iterable[Any]:
         cfg = self.config
         if isinstance(data, DataLoader):
+            if isinstance(data.dataset, IterableDataset):  # no sampler to seed: the stream's order is its own
+                return data
             return prepare_loader(data, seed=cfg.seed) if train else data
         if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
             if _length(data) == 0:
@@ -217,20 +220,43 @@ class Trainer:
                 pin_memory=pin_memory_default(device),
             )
         if isinstance(data, IterableDataset):
-            return DataLoader(data, batch_size=cfg.batch_size, num_workers=cfg.num_workers)
+            if cfg.num_workers:
+                raise TrainwiseError(
+                    f"num_workers={cfg.num_workers} would give every loader worker the whole IterableDataset "
+                    f"({type(data).__name__}), so each sample would count {cfg.num_workers} times; shard it in "
+                    "__iter__ by torch.utils.data.get_worker_info() and pass your own DataLoader, or use "
+                    "num_workers=0."
+                )
+            return DataLoader(
+                data,
+                batch_size=cfg.batch_size if train else (cfg.eval_batch_size or cfg.batch_size),
+                pin_memory=pin_memory_default(device),
+            )
         if isinstance(data, Iterable):
+            if iter(data) is data and train and cfg.epochs > 1:  # a generator, a file handle, iter(list)
+                raise TrainwiseError(
+                    f"the training data is an iterator ({type(data).__name__}), which is used up after one epoch; "
+                    "pass a list of batches, a Dataset or a DataLoader for several epochs."
+                )
             return data
         raise TrainwiseError(
             f"training data must be a Dataset, a DataLoader or an iterable of batches, got {type(data).__name__}."
         )
 
-    def _accumulation_steps(self, loader: Iterable[Any]) -> int:
+    def _accumulation_steps(self, loader: Any) -> int:
+        """From ``accumulation_steps``, or ``effective_batch`` over the loader's real batch size (a batch of
+        ready-made batches, or of a batch sampler, is looked at: its sample count is the micro-batch)."""
         cfg = self.config
         if cfg.accumulation_steps is not None:
             return cfg.accumulation_steps
         if cfg.effective_batch is None:
             return 1
-        micro = getattr(loader, "batch_size", None) or cfg.batch_size
+        batches = getattr(loader, "batch_sampler", None)  # under DDP a ShardedBatchSampler knows its batch size
+        micro = getattr(loader, "batch_size", None) or getattr(batches, "batch_size", None)
+        if not isinstance(loader.loader if isinstance(loader, ResumableLoader) else loader, DataLoader):
+            micro = None  # ready-made batches: their own size, not the batch_size option
+        if micro is None:
+            micro = _first_batch_size(loader, self.split_batch)
         return accumulation_steps(cfg.effective_batch, micro)
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -342,7 +368,7 @@ class Trainer:
         if cfg.checkpoints and dist_info.is_main:
             state.manager = CheckpointManager(run_dir, keep_last=cfg.keep_last, monitor=cfg.monitor,
                                               mode=metric_mode(cfg.monitor) if cfg.mode == "auto" else cfg.mode)
-        found = _read_resume_checkpoint(cfg.resume, run_dir, progress, log)
+        found = _read_resume_checkpoint(cfg.resume, run_dir, progress, log, dist_info)
         if found is not None:
             resume_from, checkpoint = found
             saved = checkpoint["state"]
@@ -509,7 +535,7 @@ class Trainer:
         start = getattr(loader, "resume_offset", 0)  # batches of this epoch trained before a resume
         if not start:
             metrics.reset()
-        num_batches = len(loader) if hasattr(loader, "__len__") else None
+        num_batches = _length(loader)
         if num_batches == 0:
             raise TrainwiseError(
                 "the training data yields no batches; use a smaller batch_size or drop_last=False."
@@ -517,43 +543,55 @@ class Trainer:
         state.progress.start_epoch(epoch, cfg.epochs, num_batches)
         if start:
             state.progress.advance(start)
-        split, loss_fn = self.split_batch, self.loss_fn
         loss_metric = metrics.mean("loss")
-        accuracy_metric = None
-        for index, batch in enumerate(loader, start=start):
-            last = accumulator.micro_batches + 1 >= accumulator.steps or index + 1 == num_batches
-            inputs, targets = split(move_to_device(batch, state.device))
+        # with nonfinite="skip" a window's losses count only once its step is taken (see _optimizer_step)
+        window_metric = state.window_loss if state.window_loss is not None else loss_metric
+        limit, seen = _stream_limit(loader), 0  # a sized stream under workers: each sample once, checked
+        for batch, last_batch in loader.with_last():  # the last batch is known without len()
+            last = accumulator.ends_window(last=last_batch)
             with accumulator.sync_context(forward_model, last=last):
-                with precision.autocast():
-                    outputs = call_model(forward_model, inputs)
-                    loss = loss_fn(outputs, targets)
-                items = count_items(targets, count=cfg.count, ignore_index=cfg.ignore_index)
-                accumulator.backward(loss, count=items, reduction=cfg.loss_reduction)
-            # with nonfinite="skip" a window's losses count only once its step is taken (see _optimizer_step)
-            window_metric = state.window_loss if state.window_loss is not None else loss_metric
-            if cfg.loss_reduction == "mean":
-                window_metric.update(loss, items)
-            else:
-                window_metric.update_sum(loss, items)
-            if state.loop["accuracy"] is None:
-                state.loop["accuracy"] = cfg.accuracy == "on" or (
-                    cfg.accuracy == "auto" and is_classification(outputs, targets)
-                )
-            if state.loop["accuracy"]:
-                if accuracy_metric is None:
-                    accuracy_metric = metrics.accuracy("accuracy", ignore_index=cfg.ignore_index)
-                accuracy_metric.update(outputs, targets)
-            if cfg.nonfinite == "stop":
-                guard.observe(loss, accumulator.optimizer_steps + 1)
-            del outputs, loss  # no graph may outlive its step
+                micro = self._forward(forward_model, batch, precision, state.device)
+                if limit is not None:
+                    seen = _check_stream(loader, limit, seen + count_items(micro.targets))
+                if micro.loss is None:  # no counted item (every token ignored): no gradient, no loss value
+                    accumulator.backward_empty(micro.outputs)
+                else:
+                    accumulator.backward(micro.loss, count=micro.count, reduction=micro.reduction)
+            window_metric.update_loss(micro.loss, micro.count, micro.reduction)
+            self._update_accuracy(metrics, micro, state.loop)
+            if cfg.nonfinite == "stop" and micro.loss is not None:
+                guard.observe(micro.loss, accumulator.optimizer_steps + 1)
+            del micro  # no graph may outlive its step
             if last:
                 self._optimizer_step(state, epoch)
             state.progress.advance()
         if accumulator.micro_batches:  # an iterable without len(): its last window is short
             self._optimizer_step(state, epoch)
+        if not getattr(loader, "batches_done", 1):
+            raise TrainwiseError(
+                f"the training data yielded no batches in epoch {epoch}; pass data that yields batches every "
+                "epoch (an iterator is used up after one)."
+            )
         if cfg.nonfinite == "stop":
             _check_finite(state)
         return global_metric_values(metrics)  # sums over every process (one all-reduce)
+
+    def _forward(self, model: torch.nn.Module, batch: Any, precision: Any, device: torch.device) -> MicroBatch:
+        cfg = self.config
+        return forward_micro_batch(
+            model, batch, device=device, split=self.split_batch, loss_fn=self.loss_fn, count=cfg.count,
+            ignore_index=cfg.ignore_index, reduction=cfg.loss_reduction, autocast=precision.autocast,
+        )
+
+    def _update_accuracy(self, metrics: MetricSet, micro: MicroBatch, decided: dict[str, Any]) -> None:
+        """Count correct predictions once the first batch has shown that outputs are class logits."""
+        cfg = self.config
+        if decided["accuracy"] is None:
+            decided["accuracy"] = cfg.accuracy == "on" or (
+                cfg.accuracy == "auto" and is_classification(micro.outputs, micro.targets, per_sample=micro.model_loss)
+            )
+        if decided["accuracy"]:
+            metrics.accuracy("accuracy", ignore_index=cfg.ignore_index).update(micro.outputs, micro.targets)
 
     def _optimizer_step(self, state: _LoopState, epoch: int) -> None:
         cfg, accumulator = self.config, state.accumulator
@@ -615,37 +653,25 @@ class Trainer:
         precision = precision or resolve_precision(cfg.precision, device)
         metrics = MetricSet(device)
         loss_metric = metrics.mean("loss")
-        use_accuracy: bool | None = None
+        decided: dict[str, Any] = {"accuracy": None}
         # FSDP gathers parameters in every forward, so every process must run as many forwards: a process
         # with a shorter validation shard repeats its last batch and discards the result.
-        padding = _validation_padding(model, loader, device)
-        last_inputs = None
+        padding = validation_padding(model, loader, device)
+        last_batch = None
         with evaluating(model):
             for batch in loader:
-                inputs, targets = self.split_batch(move_to_device(batch, device))
-                last_inputs = inputs
-                with precision.autocast():
-                    outputs = call_model(model, inputs)
-                    loss = self.loss_fn(outputs, targets)
-                items = count_items(targets, count=cfg.count, ignore_index=cfg.ignore_index)
-                if cfg.loss_reduction == "mean":
-                    loss_metric.update(loss, items)
-                else:
-                    loss_metric.update_sum(loss, items)
-                if use_accuracy is None:
-                    use_accuracy = cfg.accuracy == "on" or (
-                        cfg.accuracy == "auto" and is_classification(outputs, targets)
-                    )
-                if use_accuracy:
-                    metrics.accuracy("accuracy", ignore_index=cfg.ignore_index).update(outputs, targets)
+                micro = self._forward(model, batch, precision, device)
+                last_batch = batch
+                loss_metric.update_loss(micro.loss, micro.count, micro.reduction)
+                self._update_accuracy(metrics, micro, decided)
             for _ in range(padding):
-                if last_inputs is None:
+                if last_batch is None:
                     raise TrainwiseError(
                         "a process got no validation batch under FSDP; use a validation set with at least as "
                         "many batches as processes."
                     )
-                with precision.autocast():
-                    call_model(model, last_inputs)
+                self._forward(model, last_batch, precision, device)
+        use_accuracy = decided["accuracy"]
         with torch.inference_mode():  # metrics made inside evaluating() hold inference tensors
             if self._dist.enabled and any_rank(bool(use_accuracy), device=device):
                 metrics.accuracy("accuracy", ignore_index=cfg.ignore_index)  # the same metrics on every process
@@ -677,13 +703,14 @@ def _check_data(loader: Any, what: str) -> None:
             f"the {what} DataLoader has num_workers={workers}, more than {max_workers()} (4 per CPU core here, "
             "at least 8): each worker is a process holding a copy of the dataset, so use fewer."
         )
-    try:
-        batches = len(loader)
-    except TypeError:  # an iterable dataset without a length: checked when its first epoch yields nothing
+    batches = _length(loader)
+    if batches is None:  # an iterable without a length: checked when its first epoch yields nothing
         return
     if batches == 0:
         dataset = getattr(loader, "dataset", None)
         size = _length(dataset)
+        if dataset is None:
+            raise TrainwiseError(f"the {what} data yields no batches; check the data.")
         if size == 0:
             fix = "pass val_data=None to train without validation" if what == "validation" else "check the data"
             raise TrainwiseError(f"the {what} data set is empty (0 samples); {fix}.")
@@ -693,11 +720,44 @@ def _check_data(loader: Any, what: str) -> None:
         )
 
 
-def _length(dataset: Any) -> int | None:
+def _first_batch_size(loader: Any, split: Callable[[Any], tuple[Any, Any]]) -> int:
+    """The number of samples in the loader's first batch (for effective_batch with ready-made batches)."""
+    inner = loader.loader if isinstance(loader, ResumableLoader) else loader
+    if iter(inner) is inner:
+        raise TrainwiseError(
+            "effective_batch needs the batch size, which an iterator of batches cannot show without using up a "
+            "batch; pass accumulation_steps=N instead."
+        )
+    for batch in inner:
+        return int(count_items(split(batch)[1]))
+    raise TrainwiseError("the training data yields no batches; check the data.")
+
+
+def _length(data: Any) -> int | None:
+    """``len(data)``, or None for data without a length (a DataLoader over an unsized IterableDataset raises)."""
     try:
-        return len(dataset)
+        return len(data)
     except TypeError:
         return None
+
+
+def _stream_limit(loader: Any) -> int | None:
+    """The sample count a worker-loaded, sized IterableDataset must not exceed in one epoch (else None)."""
+    inner = getattr(loader, "loader", loader)
+    dataset = getattr(inner, "dataset", None)
+    if not isinstance(inner, DataLoader) or not isinstance(dataset, IterableDataset) or not inner.num_workers:
+        return None
+    return _length(dataset)
+
+
+def _check_stream(loader: Any, limit: int, seen: int) -> int:
+    if seen > limit:
+        raise TrainwiseError(
+            f"the training stream yielded more samples than its length ({limit}): with num_workers="
+            f"{loader.num_workers} every worker replays the whole IterableDataset; shard it in __iter__ by "
+            "torch.utils.data.get_worker_info()."
+        )
+    return seen
 
 
 def _lock_run_dir(run_dir: Path, dist_info: DistributedInfo) -> RunLock:
@@ -718,6 +778,44 @@ def _lock_run_dir(run_dir: Path, dist_info: DistributedInfo) -> RunLock:
 
 
 def _read_resume_checkpoint(
+    resume: Any, run_dir: Path, progress: PlainProgress, log: Any, dist_info: DistributedInfo
+) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint to resume from, read. Under several processes rank 0 chooses it and every process reads
+    that same file: a node that cannot see it (no shared file system) stops every process with one sentence,
+    instead of one process starting from scratch while the others resume."""
+    if not dist_info.enabled:
+        return _choose_resume_checkpoint(resume, run_dir, progress, log)
+    found, problem = None, None
+    if dist_info.is_main:
+        try:
+            found = _choose_resume_checkpoint(resume, run_dir, progress, log)
+        except TrainwiseError as exc:
+            problem = str(exc)
+    chosen, problem = broadcast_object((None if found is None else str(found[0]), problem))
+    if chosen is not None and not dist_info.is_main:
+        try:
+            found = Path(chosen), read_checkpoint(chosen)
+        except TrainwiseError as exc:
+            problem = (
+                f"process {dist_info.rank} cannot read {chosen}, the checkpoint process 0 resumes from ({exc}); "
+                "put the run folder on a file system every node shares."
+            )
+    problem = _first_problem(problem)
+    if problem is not None:
+        raise TrainwiseError(problem)
+    return found
+
+
+def _first_problem(problem: str | None) -> str | None:
+    """The first process's problem, on every process (one all_gather), so that all stop together."""
+    import torch.distributed as dist
+
+    problems: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)
+    return next((p for p in problems if p is not None), None)
+
+
+def _choose_resume_checkpoint(
     resume: Any, run_dir: Path, progress: PlainProgress, log: Any
 ) -> tuple[Path, dict[str, Any]] | None:
     """The checkpoint to resume from, read; with ``"auto"`` or a folder, damaged newer files are skipped (said)."""
@@ -756,18 +854,6 @@ def _prune_sharded(manager: CheckpointManager) -> None:
     for folder in manager.folder.glob("sharded-step*"):
         if folder.is_dir() and folder.name.removeprefix("sharded-") not in kept:
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _validation_padding(model: torch.nn.Module, loader: Any, device: torch.device) -> int:
-    """Extra forwards this process runs so that all match the longest validation shard (FSDP only)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or not is_sharded(model) or not hasattr(loader, "__len__"):
-        return 0
-    count = torch.tensor([len(loader)], dtype=torch.int64, device=device)
-    longest = count.clone()
-    dist.all_reduce(longest, op=dist.ReduceOp.MAX)
-    return int(longest.item() - count.item())
 
 
 def _check_finite(state: _LoopState) -> None:

@@ -73,17 +73,39 @@ class ResumableLoader:
         return int(self._pending["batches_done"]) if self._pending is not None else 0
 
     def __iter__(self) -> Iterator[Any]:
+        return self._count(*self._start())
+
+    def with_last(self) -> Iterator[tuple[Any, bool]]:
+        """``(batch, is_last)`` for the rest of the epoch, looking one batch ahead (no ``len()`` needed), so
+        that an accumulation window and DDP's gradient sync can end on the last batch. The position saved
+        by :meth:`state_dict` counts the batches handed out, never the one looked at ahead."""
+        batches, skip = self._start()
+        self.batches_done = skip
+        self._in_epoch = True
+        try:
+            try:
+                current = next(batches)
+            except StopIteration:
+                return
+            for following in batches:
+                self.batches_done += 1
+                yield current, False
+                current = following
+            self.batches_done += 1
+            yield current, True
+        finally:
+            self._in_epoch = False
+
+    def _start(self) -> tuple[Iterator[Any], int]:
+        """The batches of this epoch (the rest of it after a resume) and how many were skipped."""
         pending, self._pending = self._pending, None
+        self.epochs_started += 1
         if pending is not None:
             self._epoch_start = pending["epoch_start"]
             skip = int(pending["batches_done"])
-            batches = _remaining_batches(self.loader, self._epoch_start, skip)
-        else:
-            self._epoch_start = capture_epoch_start(self.loader)
-            skip = 0
-            batches = iter(self.loader)
-        self.epochs_started += 1
-        return self._count(batches, skip)
+            return _remaining_batches(self.loader, self._epoch_start, skip), skip
+        self._epoch_start = capture_epoch_start(self.loader)
+        return iter(self.loader), 0
 
     def _count(self, batches: Iterator[Any], skip: int) -> Iterator[Any]:
         self.batches_done = skip
