@@ -16,33 +16,36 @@ _EXPORTS = {
     "DiskWriteError": "trainwise.errors",
     "EarlyStopping": "trainwise.early_stopping",
     "ExportReport": "trainwise.exporting",
-    "FitResult": "trainwise.trainer",
+    "FitResult": "trainwise.results",
     "GradientAccumulator": "trainwise.accumulation",
     "LoadReport": "trainwise.checkpoint.weights",
     "Mean": "trainwise.metrics",
     "MetricSet": "trainwise.metrics",
+    "MicroBatch": "trainwise.batches",
     "NonFiniteLossError": "trainwise.errors",
     "NonFiniteLossGuard": "trainwise.guards",
     "OverfittingReport": "trainwise.diagnosis",
     "PrecisionPolicy": "trainwise.device",
     "ResumableLoader": "trainwise.checkpoint.loader",
     "RunLock": "trainwise.runlog",
+    "SeededBatchSampler": "trainwise.seeding",
     "ShardSampler": "trainwise.distributed",
+    "ShardedBatchSampler": "trainwise.distributed",
     "Trainer": "trainwise.trainer",
     "TrainerConfig": "trainwise.config",
     "TrainwiseError": "trainwise.errors",
     "UnoptimizedParameterWarning": "trainwise.guards",
     "WeightsMismatchError": "trainwise.checkpoint.weights",
     "accumulation_steps": "trainwise.accumulation",
+    "build_optimizer": "trainwise.optimizers",
     "call_model": "trainwise.batches",
+    "check_finite_everywhere": "trainwise.guards",
     "check_optimizer_covers": "trainwise.guards",
     "count_items": "trainwise.batches",
     "detect_overfitting": "trainwise.diagnosis",
-    "init_distributed": "trainwise.distributed",
-    "is_main_process": "trainwise.distributed",
-    "shard_model": "trainwise.distributed",
-    "sharded_to_single_file": "trainwise.distributed",
+    "evaluate": "trainwise.evaluation",
     "evaluating": "trainwise.evaluation",
+    "evaluation_loader": "trainwise.data",
     "export": "trainwise.exporting",
     "extend_optimizer": "trainwise.freezing",
     "find_resume_checkpoint": "trainwise.checkpoint.manager",
@@ -50,26 +53,38 @@ _EXPORTS = {
     "freeze": "trainwise.freezing",
     "frozen_norm_layers": "trainwise.freezing",
     "get_rng_state": "trainwise.seeding",
+    "global_metric_values": "trainwise.distributed",
+    "init_distributed": "trainwise.distributed",
+    "is_main_process": "trainwise.distributed",
     "load_checkpoint": "trainwise.checkpoint.state",
     "load_exported": "trainwise.exporting",
     "load_weights": "trainwise.checkpoint.weights",
     "loader_generator": "trainwise.seeding",
     "mark_last": "trainwise.batches",
     "move_to_device": "trainwise.device",
+    "padding_batches": "trainwise.distributed",
     "param_groups": "trainwise.freezing",
     "plot_learning_curves": "trainwise.plots",
     "prepare_loader": "trainwise.seeding",
     "read_log": "trainwise.runlog",
+    "read_resume_checkpoint": "trainwise.checkpoint.training",
     "resolve_device": "trainwise.device",
     "resolve_precision": "trainwise.device",
+    "restore_training_checkpoint": "trainwise.checkpoint.training",
     "safe_load": "trainwise.checkpoint.io",
+    "same_last_batch": "trainwise.distributed",
     "save_checkpoint": "trainwise.checkpoint.state",
+    "save_training_checkpoint": "trainwise.checkpoint.training",
     "save_weights": "trainwise.checkpoint.weights",
     "seed_everything": "trainwise.seeding",
     "seed_worker": "trainwise.seeding",
     "seeded_loader": "trainwise.seeding",
     "set_rng_state": "trainwise.seeding",
+    "set_sampler_epoch": "trainwise.distributed",
+    "shard_model": "trainwise.distributed",
+    "sharded_to_single_file": "trainwise.distributed",
     "split_batch": "trainwise.batches",
+    "training_loader": "trainwise.data",
     "unfreeze": "trainwise.freezing",
     "unwrap_model": "trainwise.wrappers",
 }
@@ -86,13 +101,16 @@ __all__ = [
     "LoadReport",
     "Mean",
     "MetricSet",
+    "MicroBatch",
     "NonFiniteLossError",
     "NonFiniteLossGuard",
     "OverfittingReport",
     "PrecisionPolicy",
     "ResumableLoader",
     "RunLock",
+    "SeededBatchSampler",
     "ShardSampler",
+    "ShardedBatchSampler",
     "Trainer",
     "TrainerConfig",
     "TrainwiseError",
@@ -100,11 +118,15 @@ __all__ = [
     "WeightsMismatchError",
     "__version__",
     "accumulation_steps",
+    "build_optimizer",
     "call_model",
+    "check_finite_everywhere",
     "check_optimizer_covers",
     "count_items",
     "detect_overfitting",
+    "evaluate",
     "evaluating",
+    "evaluation_loader",
     "export",
     "extend_optimizer",
     "find_resume_checkpoint",
@@ -112,6 +134,7 @@ __all__ = [
     "freeze",
     "frozen_norm_layers",
     "get_rng_state",
+    "global_metric_values",
     "init_distributed",
     "is_main_process",
     "load_checkpoint",
@@ -120,22 +143,29 @@ __all__ = [
     "loader_generator",
     "mark_last",
     "move_to_device",
+    "padding_batches",
     "param_groups",
     "plot_learning_curves",
     "prepare_loader",
     "read_log",
+    "read_resume_checkpoint",
     "resolve_device",
     "resolve_precision",
+    "restore_training_checkpoint",
     "safe_load",
+    "same_last_batch",
     "save_checkpoint",
+    "save_training_checkpoint",
     "save_weights",
     "seed_everything",
     "seed_worker",
     "seeded_loader",
     "set_rng_state",
+    "set_sampler_epoch",
     "shard_model",
     "sharded_to_single_file",
     "split_batch",
+    "training_loader",
     "unfreeze",
     "unwrap_model",
 ]
@@ -156,32 +186,51 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
     from trainwise.accumulation import GradientAccumulator, accumulation_steps
-    from trainwise.batches import call_model, count_items, forward_micro_batch, mark_last, split_batch
+    from trainwise.batches import MicroBatch, call_model, count_items, forward_micro_batch, mark_last, split_batch
     from trainwise.checkpoint.io import safe_load
     from trainwise.checkpoint.loader import ResumableLoader
     from trainwise.checkpoint.manager import CheckpointManager, find_resume_checkpoint
     from trainwise.checkpoint.state import load_checkpoint, save_checkpoint
+    from trainwise.checkpoint.training import (
+        read_resume_checkpoint,
+        restore_training_checkpoint,
+        save_training_checkpoint,
+    )
     from trainwise.checkpoint.weights import LoadReport, WeightsMismatchError, load_weights, save_weights
     from trainwise.config import TrainerConfig
+    from trainwise.data import evaluation_loader, training_loader
     from trainwise.device import DeviceChoice, PrecisionPolicy, move_to_device, resolve_device, resolve_precision
     from trainwise.diagnosis import OverfittingReport, detect_overfitting
     from trainwise.distributed import (
+        ShardedBatchSampler,
         ShardSampler,
+        global_metric_values,
         init_distributed,
         is_main_process,
+        padding_batches,
+        same_last_batch,
+        set_sampler_epoch,
         shard_model,
         sharded_to_single_file,
     )
     from trainwise.early_stopping import EarlyStopping
     from trainwise.errors import DiskWriteError, NonFiniteLossError, TrainwiseError
-    from trainwise.evaluation import evaluating
+    from trainwise.evaluation import evaluate, evaluating
     from trainwise.exporting import ExportReport, export, load_exported
     from trainwise.freezing import extend_optimizer, freeze, frozen_norm_layers, param_groups, unfreeze
-    from trainwise.guards import NonFiniteLossGuard, UnoptimizedParameterWarning, check_optimizer_covers
+    from trainwise.guards import (
+        NonFiniteLossGuard,
+        UnoptimizedParameterWarning,
+        check_finite_everywhere,
+        check_optimizer_covers,
+    )
     from trainwise.metrics import Accuracy, Mean, MetricSet
+    from trainwise.optimizers import build_optimizer
     from trainwise.plots import plot_learning_curves
+    from trainwise.results import FitResult
     from trainwise.runlog import RunLock, read_log
     from trainwise.seeding import (
+        SeededBatchSampler,
         get_rng_state,
         loader_generator,
         prepare_loader,
@@ -190,5 +239,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
         seeded_loader,
         set_rng_state,
     )
-    from trainwise.trainer import FitResult, Trainer
+    from trainwise.trainer import Trainer
     from trainwise.wrappers import unwrap_model

@@ -249,6 +249,14 @@ def count_items(targets: Any, *, count: str = "samples", ignore_index: int = -10
     )
 
 
+def wants_accuracy(setting: str, micro: MicroBatch) -> bool:
+    """``accuracy="on"``, ``"off"``, or ``"auto"``: counted when the first micro-batch's outputs are class
+    logits for its targets (one target per sample when the model computed its own loss)."""
+    return setting == "on" or (
+        setting == "auto" and is_classification(micro.outputs, micro.targets, per_sample=micro.model_loss)
+    )
+
+
 def is_classification(outputs: Any, targets: Any, *, per_sample: bool = False) -> bool:
     """Logits of shape (..., classes) against integer class targets of shape (...); with ``per_sample``,
     only one target per sample (a model's own loss may shift token targets, so they are not compared)."""

@@ -136,6 +136,33 @@ def any_rank(flag: bool, *, device: torch.device | str = "cpu") -> bool:
     return bool(tensor.item())
 
 
+def same_last_batch(last: bool, batches: int, *, device: torch.device | str = "cpu") -> None:
+    """Refuse, on every rank at once, a stream that ends on one rank while it goes on on another.
+
+    For data without ``len()`` under DDP: a rank that ran out would leave the others waiting in their
+    gradient all-reduce. One tiny all-reduce per batch tells every rank, before its backward, whether all
+    of them are at their last batch. ``batches`` counts this rank's batches of the epoch including this one;
+    a rank whose epoch yielded nothing calls it once with ``batches=0``.
+    """
+    if not is_distributed():
+        return
+    tensor = torch.tensor([1 if last or batches == 0 else 0, 1 if batches == 0 else 0], dtype=torch.int32,
+                          device=device)
+    dist.all_reduce(tensor)
+    ended, empty = (int(v) for v in tensor.tolist())
+    world = dist.get_world_size()
+    if empty == world:  # nobody has data: the caller's own "no batches" error, on every rank
+        return
+    if empty or 0 < ended < world:
+        when = "yielded no batches" if empty else f"ended after {batches} batches"
+        raise TrainwiseError(
+            f"the training data of {max(empty, ended)} of {world} processes {when} while the others "
+            f"{'had some' if empty else 'go on'}; data without len() must yield the same number of batches on "
+            "every process under DDP: give the data set a length (trainwise shards it evenly) or cut each "
+            "process's stream to the same length."
+        )
+
+
 def broadcast_object(value: Any, *, src: int = 0) -> Any:
     """Rank ``src``'s picklable ``value`` on every rank (e.g. a run folder name chosen by the clock)."""
     if not is_distributed():
@@ -143,6 +170,15 @@ def broadcast_object(value: Any, *, src: int = 0) -> Any:
     holder = [value]
     dist.broadcast_object_list(holder, src=src)
     return holder[0]
+
+
+def first_problem(problem: str | None) -> str | None:
+    """The first rank's problem (a sentence, or None), on every rank (one all_gather), so all stop together."""
+    if not is_distributed():
+        return problem
+    problems: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)
+    return next((p for p in problems if p is not None), None)
 
 
 def barrier() -> None:

@@ -21,6 +21,18 @@ def metric_mode(name: str) -> Literal["min", "max"]:
     return "max" if any(k in lowered for k in ("acc", "f1", "auc", "precision", "recall", "score", "iou")) else "min"
 
 
+def best_epoch(
+    history: list[dict[str, Any]], monitor: str, mode: Literal["auto", "min", "max"] = "auto"
+) -> tuple[int | None, float | None]:
+    """``(epoch, value)`` of the best ``monitor`` value in per-epoch records (None, None if it never appears)."""
+    scored = [(r[monitor], r["epoch"]) for r in history if isinstance(r.get(monitor), (int, float))]
+    if not scored:
+        return None, None
+    direction = metric_mode(monitor) if mode == "auto" else mode
+    value, epoch = (min if direction == "min" else max)(scored, key=lambda pair: pair[0])
+    return epoch, value
+
+
 class EarlyStopping:
     """Stop when ``monitor`` has not improved by ``min_delta`` for ``patience`` epochs; keep the best weights.
 
@@ -102,6 +114,13 @@ class EarlyStopping:
             self.stopped_epoch = epoch
             return True
         return False
+
+    def stop_message(self, epoch: int) -> str:
+        """Why training stops at ``epoch``, for the log."""
+        return (
+            f"early stopping at epoch {epoch}: {self.monitor} has not improved for {self.bad_epochs} epochs "
+            f"(best {self.best_value:.6g} at epoch {self.best_epoch})."
+        )
 
     def _keep(self, model: nn.Module) -> None:
         state = {k: v.detach().to("cpu", copy=True) for k, v in _unwrap(model).state_dict().items()}

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
+
+from trainwise.errors import TrainwiseError
 
 
 def training_modes(model: torch.nn.Module) -> dict[str, bool]:
@@ -35,3 +38,50 @@ def evaluating(model: torch.nn.Module, *, inference: bool = True) -> Iterator[to
             yield model
     finally:
         restore_training_modes(model, modes)
+
+
+def evaluate(
+    model: torch.nn.Module,
+    loader: Iterable[Any],
+    forward: Callable[[torch.nn.Module, Any], Any],
+    *,
+    device: torch.device | str = "cpu",
+    accuracy: str = "auto",
+    ignore_index: int = -100,
+) -> dict[str, float]:
+    """Loss (and accuracy) over a whole loader under :func:`evaluating`, counted by sample (or token) and
+    summed over every process. ``forward(model, batch)`` returns a :class:`~trainwise.batches.MicroBatch`
+    (as :func:`~trainwise.batches.forward_micro_batch` does); ``accuracy`` is ``"auto"``, ``"on"`` or ``"off"``.
+
+    Under FSDP every process must run as many forwards (each gathers parameters): a process with a shorter
+    shard repeats its last batch and discards the result.
+    """
+    from trainwise.batches import wants_accuracy
+    from trainwise.distributed import any_rank, is_distributed, validation_padding
+    from trainwise.metrics import MetricSet
+
+    metrics = MetricSet(device)
+    loss_metric = metrics.mean("loss")
+    counted: bool | None = None
+    padding = validation_padding(model, loader, device)
+    last_batch = None
+    with evaluating(model):
+        for batch in loader:
+            micro = forward(model, batch)
+            last_batch = batch
+            loss_metric.update_loss(micro.loss, micro.count, micro.reduction)
+            counted = wants_accuracy(accuracy, micro) if counted is None else counted
+            if counted:
+                metrics.accuracy("accuracy", ignore_index=ignore_index).update(micro.outputs, micro.targets)
+        for _ in range(padding):
+            if last_batch is None:
+                raise TrainwiseError(
+                    "a process got no validation batch under FSDP; use a validation set with at least as many "
+                    "batches as processes."
+                )
+            forward(model, last_batch)
+    with torch.inference_mode():  # metrics made inside evaluating() hold inference tensors
+        if is_distributed() and any_rank(bool(counted), device=device):
+            metrics.accuracy("accuracy", ignore_index=ignore_index)  # the same metrics on every process
+        metrics.all_reduce()
+    return metrics.compute()

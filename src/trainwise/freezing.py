@@ -284,3 +284,16 @@ def extend_optimizer(
         if scheduler is not None and hasattr(scheduler, "base_lrs"):
             scheduler.base_lrs.append(group["lr"])
     return missing
+
+
+def unfreeze_into(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *patterns: Pattern,
+    lr_by_pattern: dict[str, float] | None = None,
+    scheduler: Any = None,
+) -> list[str]:
+    """:func:`unfreeze` the matched parameters and add them to ``optimizer`` (:func:`extend_optimizer`), the
+    scheduler told of the new groups; returns the parameter names added to the optimizer."""
+    unfreeze(model, *patterns)
+    return extend_optimizer(optimizer, model, lr_by_pattern=lr_by_pattern, scheduler=scheduler)

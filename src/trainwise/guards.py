@@ -104,6 +104,25 @@ class NonFiniteLossGuard:
         self._losses.clear()
 
 
+def check_finite_everywhere(guard: NonFiniteLossGuard, step: int) -> None:
+    """``guard.check(step)`` decided together: every process raises :class:`NonFiniteLossError` when any
+    process saw a NaN/inf loss (one tiny all-reduce under several processes)."""
+    from trainwise.distributed import any_rank, is_distributed
+
+    if not is_distributed():
+        guard.check(step)
+        return
+    try:
+        guard.check(step)
+        found = None
+    except NonFiniteLossError as exc:
+        found = exc
+    if any_rank(found is not None, device=guard.device):
+        raise found or NonFiniteLossError(
+            guard.restore_and_explain("the training loss became non-finite on another process"), step=step + 1
+        )
+
+
 def _state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p for p in model.parameters()] + [b for b in model.buffers()]
 

@@ -207,6 +207,69 @@ class RunLog:
                 self._file.close()
 
 
+class NullRunLog:
+    """The run log of a process other than rank 0: the same calls, nothing written."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "metrics.jsonl"
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def write_json(self, name: str, payload: dict[str, Any]) -> Path:
+        return self.run_dir / name
+
+    def close(self) -> None:
+        pass
+
+
+def open_run_log(run_dir: str | os.PathLike[str], *, writer: bool = True) -> RunLog | NullRunLog:
+    """The run folder's log; a :class:`NullRunLog` for a process that must not write (``writer=False``)."""
+    return RunLog(run_dir) if writer else NullRunLog(run_dir)
+
+
+def lock_run_folder(run_dir: str | os.PathLike[str]) -> RunLock:
+    """Lock the run folder for this run (rank 0 under several processes); every process raises the same
+    one-sentence error when it cannot, so that none goes on alone."""
+    from trainwise.distributed import broadcast_object, is_distributed, is_main_process
+
+    lock = RunLock(run_dir)
+    problem = None
+    if is_main_process():
+        try:
+            lock.acquire()
+        except TrainwiseError as exc:
+            problem = str(exc)
+    if is_distributed():
+        problem = broadcast_object(problem)
+    if problem is not None:
+        lock.release()
+        raise TrainwiseError(problem)
+    return lock
+
+
+def open_run(
+    run_dir: str | os.PathLike[str] | None, config: dict[str, Any], *, resume: Any = None
+) -> tuple[Path, RunLock, RunLog | NullRunLog]:
+    """Open a run folder for one run: rank 0's name for it (``runs/<time>`` by default), its lock, its log
+    with a start record, and ``config.json``; every process calls it, only rank 0 writes."""
+    import time
+
+    from trainwise.distributed import broadcast_object, is_main_process
+
+    folder = Path(broadcast_object(str(Path(run_dir) if run_dir else default_run_dir())))  # rank 0's clock
+    lock = lock_run_folder(folder)  # one writer per run folder; checks it is writable
+    try:
+        log = open_run_log(folder, writer=is_main_process())
+        log.write({"kind": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": resume})
+        log.write_json("config.json", config)
+    except BaseException:
+        lock.release()
+        raise
+    return folder, lock, log
+
+
 def read_log(path: str | os.PathLike[str], *, raw: bool = False) -> list[dict[str, Any]]:
     """Read back a ``metrics.jsonl`` file (a run folder or the file itself).
 

@@ -46,6 +46,19 @@ def set_deterministic(enabled: bool) -> None:
         torch.backends.cudnn.benchmark = False  # autotuning may pick a different kernel each run
 
 
+@contextlib.contextmanager
+def determinism_restored() -> Iterator[None]:
+    """Put torch's and cuDNN's determinism switches back as they were on exit (``deterministic=True`` in one
+    ``fit`` holds for that fit only)."""
+    flags = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+             torch.backends.cudnn.benchmark)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(flags[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[1], flags[2]
+
+
 def seed_worker(worker_id: int) -> None:
     """``worker_init_fn`` that seeds Python's and NumPy's global RNGs in a worker from torch's per-worker seed.
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
-import trainwise.trainer
+import trainwise.checkpoint.training
 from trainwise import Trainer, TrainwiseError
 
 
@@ -43,7 +43,7 @@ def _worker(rank: int, port: int, run_dir: str, out: str) -> None:
             def missing(path, **kw):
                 raise TrainwiseError(f"{path} does not exist; check the path.")
 
-            trainwise.trainer.read_checkpoint = missing
+            trainwise.checkpoint.training.read_checkpoint = missing
         try:
             _fit(run_dir, resume="auto")
             outcome = "trained"

@@ -98,3 +98,37 @@ def test_replicas_stay_identical_and_equal_one_process(tmp_path):
             optimizer.step()
     for key, value in reference.state_dict().items():
         torch.testing.assert_close(rank0[key], value, rtol=1e-5, atol=1e-6)
+
+
+def _unequal_worker(rank: int, port: int, folder: str, counts: tuple[int, int], steps: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=__import__("datetime").timedelta(seconds=60))
+    try:
+        trainer = _trainer(os.path.join(folder, "run"), steps=steps)
+        try:
+            trainer.fit(_model(), iter_batches(_Unsized(_batches(rank)[: counts[rank]])))
+            outcome = "trained"
+        except Exception as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+        with open(os.path.join(folder, f"rank{rank}.txt"), "w") as f:
+            f.write(outcome)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("counts", "steps"), [((3, 5), 2), ((5, 2), 1), ((0, 2), 1)])
+def test_unequal_stream_lengths_are_refused_on_every_process(tmp_path, counts, steps):
+    """A stream that ends on one process while the other goes on used to leave the other waiting in its
+    gradient all-reduce (a hang until the timeout, or mismatched collectives); both now stop with one sentence
+    before any backward of the mismatched batch."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(_unequal_worker, args=(port, str(tmp_path), counts, steps), nprocs=2, join=True)
+    outcomes = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    for outcome in outcomes:
+        assert outcome.startswith("TrainwiseError: "), outcomes
+        assert "same number of batches on every process" in outcome, outcomes

@@ -1,0 +1,166 @@
+"""A training run's checkpoints on one process or many: the checkpoint a resume starts from (rank 0 chooses,
+every rank reads that same file), the full state saved at an optimizer-step boundary (under FSDP the model
+and optimizer as shards beside the file) and restored in place.
+
+    >>> state = {"model": model, "optimizer": opt, "loader": loader, "metrics": metrics, "loop": loop}
+    >>> found = read_resume_checkpoint("auto", run_dir)        # (path, checkpoint) or None
+    >>> if found: restore_training_checkpoint(*found, state)
+    >>> save_training_checkpoint(manager, state, step=step)   # every rank calls it; rank 0 writes the file
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from trainwise.checkpoint.manager import (
+    CHECKPOINT_FOLDER,
+    CheckpointManager,
+    checkpoint_name,
+    find_resume_checkpoint,
+    verify_checksums,
+)
+from trainwise.checkpoint.state import read_checkpoint, restore_checkpoint
+from trainwise.distributed import (
+    barrier,
+    broadcast_object,
+    first_problem,
+    get_rank,
+    is_distributed,
+    is_main_process,
+    is_sharded,
+    load_sharded,
+    save_sharded,
+)
+from trainwise.errors import TrainwiseError
+from trainwise.runlog import write_failure
+
+SHARDED_PREFIX = "sharded-step"
+Skipped = Callable[[str, Path], None]  # told each damaged newer checkpoint passed over, and the one used
+
+
+def read_resume_checkpoint(
+    resume: Any, run_dir: str | Path | None, *, on_skipped: Skipped | None = None
+) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint ``resume`` names (a file, a folder, ``"auto"``, or None for none), read and checked.
+
+    With ``"auto"`` or a folder, damaged newer files are passed over (``on_skipped`` is told). Under several
+    processes rank 0 chooses and every process reads that same file: a node that cannot see it (no shared
+    file system) stops every process with one sentence, instead of one starting over while the others resume.
+    """
+    if not is_distributed():
+        return _choose(resume, run_dir, on_skipped)
+    found, problem = None, None
+    if is_main_process():
+        try:
+            found = _choose(resume, run_dir, on_skipped)
+        except TrainwiseError as exc:
+            problem = str(exc)
+    chosen, problem = broadcast_object((None if found is None else str(found[0]), problem))
+    if chosen is not None and not is_main_process():
+        try:
+            found = Path(chosen), read_checkpoint(chosen)
+        except TrainwiseError as exc:
+            problem = (
+                f"process {get_rank()} cannot read {chosen}, the checkpoint process 0 resumes from ({exc}); "
+                "put the run folder on a file system every node shares."
+            )
+    problem = first_problem(problem)
+    if problem is not None:
+        raise TrainwiseError(problem)
+    return found
+
+
+def _choose(resume: Any, run_dir: Any, on_skipped: Skipped | None) -> tuple[Path, dict[str, Any]] | None:
+    path = find_resume_checkpoint(resume, run_dir)
+    if path is None:
+        return None
+    if resume != "auto" and not Path(resume).is_dir():  # an explicit file: that one or an error
+        verify_checksums(path)
+        return path, read_checkpoint(path)
+    found = CheckpointManager(path.parent.parent).read_latest() if path.parent.name == CHECKPOINT_FOLDER else None
+    if found is None:
+        raise TrainwiseError(f"no intact checkpoint in {path.parent}; start without resume or pass another file.")
+    chosen, checkpoint, skipped = found
+    for reason in skipped:
+        if on_skipped is not None:
+            on_skipped(reason, chosen)
+    return chosen, checkpoint
+
+
+def restore_training_checkpoint(
+    path: str | Path, checkpoint: dict[str, Any], state: MutableMapping[str, Any], *, fsdp: bool = False
+) -> None:
+    """Restore ``state`` in place from a checkpoint :func:`read_resume_checkpoint` returned; plain values
+    (numbers, dicts) come back as new entries of ``state``. An FSDP checkpoint's model and optimizer are read
+    from the sharded folder beside the file (every rank calls this; only on an FSDP run)."""
+    saved = checkpoint["state"]
+    if "sharded" not in saved:
+        restore_checkpoint(checkpoint, state)  # in place; the RNG states last
+        return
+    from trainwise.checkpoint.dcp import sharded_folder
+
+    folder = sharded_folder(path, saved["sharded"], fsdp=fsdp)  # only a plain sharded-stepN folder beside it
+    load_sharded(folder, state["model"], state["optimizer"])  # collective
+    rest = {**_without_model(state), "sharded": None}
+    restore_checkpoint(checkpoint, rest)
+    state.update({k: v for k, v in rest.items() if k != "sharded"})
+
+
+def save_training_checkpoint(
+    manager: CheckpointManager | None,
+    state: MutableMapping[str, Any],
+    *,
+    step: int,
+    metric: float | None = None,
+    config: dict[str, Any] | None = None,
+    run_dir: str | Path | None = None,
+) -> None:
+    """Save ``state`` at an optimizer-step boundary; every process calls it, rank 0 (the one holding a
+    ``manager``) writes the file. Under several processes the running metrics are summed first, so that a
+    resume (rank 0 loads them) stays exact; under FSDP every rank writes its shards of the model and
+    optimizer (``torch.distributed.checkpoint``) beside the file, which names their folder. A full disk
+    or a read-only folder is one sentence naming the latest good checkpoint. ``run_dir`` (default: the
+    manager's) is where every rank writes its shards under FSDP."""
+    to_save: dict[str, Any] = dict(state)
+    if is_distributed():
+        if "metrics" in to_save:
+            metrics = to_save["metrics"]
+            reduced = type(metrics)(metrics.device)
+            reduced.load_state_dict(metrics.state_dict())
+            reduced.all_reduce()
+            to_save["metrics"] = reduced
+        if is_sharded(to_save["model"]):
+            folder = f"{SHARDED_PREFIX}{step:09d}"
+            if run_dir is None:
+                if manager is None:
+                    raise TrainwiseError("under FSDP every process must pass run_dir= to save its shards.")
+                run_dir = manager.run_dir
+            save_sharded(Path(run_dir) / CHECKPOINT_FOLDER / folder, to_save["model"], to_save["optimizer"])
+            to_save = {**_without_model(to_save), "sharded": folder}
+    if manager is not None:
+        try:
+            manager.save(to_save, step=step, metric=metric, config=config)
+        except OSError as exc:  # a full disk, a file size limit, a folder made read-only during the run
+            latest = manager.latest()
+            good = "no checkpoint was written before" if latest is None else f"the latest good checkpoint is {latest}"
+            failed = write_failure(manager.folder / checkpoint_name(step), exc)
+            raise TrainwiseError(f"{failed} at step {step}; {good}.") from None
+        if "sharded" in to_save:
+            _prune_sharded(manager)
+    barrier()  # nobody goes on (or reads it) before the checkpoint is complete
+
+
+def _without_model(state: MutableMapping[str, Any]) -> dict[str, Any]:
+    """The entries an FSDP run keeps in the plain file (model and optimizer are sharded)."""
+    return {k: v for k, v in state.items() if k not in ("model", "optimizer")}
+
+
+def _prune_sharded(manager: CheckpointManager) -> None:
+    """Delete sharded folders whose checkpoint file the manager no longer keeps (rank 0)."""
+    kept = {path.name.removeprefix("ckpt-").removesuffix(".pt") for path in manager.checkpoints()}
+    for folder in manager.folder.glob(f"{SHARDED_PREFIX}*"):
+        if folder.is_dir() and folder.name.removeprefix("sharded-") not in kept:
+            shutil.rmtree(folder, ignore_errors=True)
