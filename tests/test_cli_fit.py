@@ -258,3 +258,20 @@ def test_missing_config_in_a_subprocess_has_no_traceback(tmp_path):
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "missing.toml" in proc.stderr
+
+
+def test_a_second_fit_into_the_same_run_folder_is_refused_and_overwrites_nothing(capsys, tiny, tmp_path):
+    _, write = tiny
+    config = write(TINY_CONFIG)
+    run_dir = tmp_path / "run"
+    code, _, err = fit(capsys, config, f"run_dir={run_dir}", "plot=false")
+    assert code == 0, err
+    before = (run_dir / "fit.json").read_bytes()
+    code, _, err = fit(capsys, config, f"run_dir={run_dir}", "plot=false", "lr=0.01")
+    assert code == 2 and "already holds a run" in err and "Traceback" not in err
+    assert (run_dir / "fit.json").read_bytes() == before  # the first run's record is intact
+    code, _, err = fit(capsys, config, f"run_dir={run_dir}", "plot=false", "lr=0.01", "overwrite=true")
+    assert code == 0, err
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.previous-")]
+    assert len(aside) == 1 and (aside[0] / "fit.json").read_bytes() == before
+    assert json.loads((run_dir / "fit.json").read_text())["trainer"]["lr"] == 0.01

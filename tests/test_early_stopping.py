@@ -77,3 +77,34 @@ def test_trainer_monitor_missing_is_an_error_after_first_validation(tmp_path):
                       run_dir=str(tmp_path))
     with pytest.raises(TrainwiseError, match="'val_f1', which is not logged"):
         trainer.fit(nn.Linear(4, 2), _data(), _data())
+
+
+def test_patience_zero_stops_at_the_first_epoch_that_does_not_improve():
+    """Keras and Lightning: patience=0 stops on the first bad epoch; it used to stop after an improving one."""
+    stopper = EarlyStopping("val_loss", patience=0)
+    assert [stopper.update(e, {"val_loss": v}) for e, v in enumerate([3.0, 2.0, 1.0, 1.5], start=1)] == [
+        False, False, False, True]
+    assert stopper.best_epoch == 3 and stopper.stopped_epoch == 4
+
+
+def test_a_run_that_stopped_early_stays_stopped_when_resumed(tmp_path):
+    """Relaunching an early-stopped run with resume="auto" used to train one more epoch."""
+    data = TensorDataset(torch.randn(16, 3), torch.randint(0, 2, (16,)))
+    val = TensorDataset(torch.randn(8, 3), torch.randint(0, 2, (8,)))
+
+    def fit(**options):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 2)
+        trainer = Trainer(epochs=30, batch_size=8, patience=1, progress="off", device="cpu", plot=False,
+                          optimizer=lambda p: torch.optim.SGD(p, lr=20.0), run_dir=str(tmp_path / "run"), **options)
+        return model, trainer.fit(model, data, val)
+
+    model, first = fit()
+    assert first.stopped_early and len(first.history) < 30
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    again, second = fit(resume="auto")
+    assert second.stopped_early and second.history == first.history
+    assert second.steps == first.steps  # not one step more
+    assert second.best_epoch == first.best_epoch
+    for key, value in again.state_dict().items():
+        assert torch.equal(value, weights[key]), key  # the best epoch's weights, as the first run ended

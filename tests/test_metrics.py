@@ -114,3 +114,28 @@ def test_trainer_train_accuracy_counts_samples(tmp_path):
         optimizer=lambda p: torch.optim.SGD(p, lr=1e-12),
     ).fit(model, DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True))
     assert result.last["train_accuracy"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_metrics_first_touched_in_inference_mode_work_outside_it(tmp_path):
+    """A MetricSet first used inside evaluating() held inference tensors: reset() and all_reduce() outside
+    inference mode then raised "Inplace update to inference tensor outside InferenceMode"."""
+    import torch.distributed as dist
+
+    from trainwise import MetricSet, evaluating
+
+    net = torch.nn.Linear(2, 3)
+    metrics = MetricSet("cpu")
+    with evaluating(net):
+        outputs = net(torch.randn(4, 2))
+        metrics.mean("loss").update(outputs.sum() / 4, 4)
+        metrics.accuracy("accuracy").update(outputs, torch.tensor([0, 1, 2, 0]))
+    metrics.reset()
+    metrics.mean("loss").update(torch.tensor(3.0), 2)  # a training-style update, outside inference mode
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        metrics.all_reduce()
+    finally:
+        dist.destroy_process_group()
+    assert metrics.compute()["loss"] == 3.0
+    assert metrics.counts() == {"loss": 2.0, "accuracy": 0.0}

@@ -52,6 +52,8 @@ class TrainerConfig:
     diagnose: bool = True  # report the onset of overfitting once
     plot: bool = True  # learning-curve PNG in the run folder (needs matplotlib)
     resume: str | None = None  # "auto": the newest complete checkpoint in run_dir; or a checkpoint path
+    resume_mismatch: Literal["refuse", "allow"] = "refuse"  # a resume whose run differs: refused, or logged
+    overwrite: bool = False  # a run_dir holding another run: moved aside (never deleted) instead of refused
     checkpoint_every: int | None = None  # optimizer steps between mid-epoch checkpoints (one per epoch always)
     keep_last: int = 2  # checkpoints kept besides the best
     checkpoints: bool = True  # write checkpoints to run_dir/checkpoints

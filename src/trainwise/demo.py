@@ -85,6 +85,7 @@ def run_demo(
     epochs: int = 12,
     workers: int = 0,
     run_dir: str | None = None,
+    overwrite: bool = False,
     device: str = "auto",
     progress: str = "auto",
     batch_size: int = 64,
@@ -106,6 +107,7 @@ def run_demo(
         seed=seed,
         num_workers=workers,
         run_dir=run_dir,
+        overwrite=overwrite,
         device=device,
         progress=progress,  # type: ignore[arg-type]
         scheduler=lambda opt: torch.optim.lr_scheduler.OneCycleLR(
@@ -135,6 +137,7 @@ def run_finetune_demo(
     epochs: int = 8,
     workers: int = 0,
     run_dir: str | None = None,
+    overwrite: bool = False,
     device: str = "auto",
     progress: str = "auto",
 ) -> dict[str, Any]:
@@ -156,7 +159,7 @@ def run_finetune_demo(
     model = DigitsCNN(num_classes=5)
     options = dict(
         epochs=epochs, lr=3e-3, batch_size=64, eval_batch_size=256, seed=seed, num_workers=workers, device=device,
-        progress=progress,
+        progress=progress, overwrite=overwrite,
     )
     pre_train, pre_val = digits_datasets(seed, digits=range(5))
     pretrain = Trainer(run_dir=str(root / "pretrain"), **options).fit(model, pre_train, pre_val)  # type: ignore[arg-type]

@@ -108,9 +108,9 @@ class EarlyStopping:
             self.best_value, self.best_epoch, self.bad_epochs = value, epoch, 0
             if model is not None and self.restore_best:
                 self._keep(model)
-        else:
-            self.bad_epochs += 1
-        if self.bad_epochs >= self.patience:  # as in Keras and Lightning: patience bad epochs, then stop
+            return False
+        self.bad_epochs += 1
+        if self.bad_epochs >= self.patience:  # as in Keras and Lightning: stop on the patience-th bad epoch
             self.stopped_epoch = epoch
             return True
         return False

@@ -80,8 +80,7 @@ def evaluate(
                     "batches as processes."
                 )
             forward(model, last_batch)
-    with torch.inference_mode():  # metrics made inside evaluating() hold inference tensors
-        if is_distributed() and any_rank(bool(counted), device=device):
-            metrics.accuracy("accuracy", ignore_index=ignore_index)  # the same metrics on every process
-        metrics.all_reduce()
+    if is_distributed() and any_rank(bool(counted), device=device):
+        metrics.accuracy("accuracy", ignore_index=ignore_index)  # the same metrics on every process
+    metrics.all_reduce()
     return metrics.compute()

@@ -31,8 +31,11 @@ class Metric:
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
-        self.state = torch.zeros(2, dtype=_accumulator_dtype(self.device), device=self.device)
-        self._total, self._count = self.state[0], self.state[1]  # views, made once
+        # a normal tensor even when first made under inference_mode (inside evaluating()): an inference
+        # tensor could never again be updated, reset or all-reduced outside it
+        with torch.inference_mode(False):
+            self.state = torch.zeros(2, dtype=_accumulator_dtype(self.device), device=self.device)
+            self._total, self._count = self.state[0], self.state[1]  # views, made once
         self._host_count = 0.0
 
     def _add_count(self, count: torch.Tensor | int | float) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from trainwise.diagnosis import OverfittingReport
 
@@ -26,6 +26,7 @@ class FitResult:
     stopped_early: bool = False
     overfitting: OverfittingReport | None = None
     plot: Path | None = None
+    model: Any = None  # the trained torch.nn.Module (the one passed in, or the one the factory built)
 
     @property
     def last(self) -> dict[str, float]:

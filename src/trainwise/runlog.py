@@ -250,24 +250,95 @@ def lock_run_folder(run_dir: str | os.PathLike[str]) -> RunLock:
 
 
 def open_run(
-    run_dir: str | os.PathLike[str] | None, config: dict[str, Any], *, resume: Any = None
+    run_dir: str | os.PathLike[str] | None,
+    config: dict[str, Any],
+    *,
+    resume: Any = None,
+    overwrite: bool = False,
 ) -> tuple[Path, RunLock, RunLog | NullRunLog]:
     """Open a run folder for one run: rank 0's name for it (``runs/<time>`` by default), its lock, its log
-    with a start record, and ``config.json``; every process calls it, only rank 0 writes."""
+    with a start record, and ``config.json``; every process calls it, only rank 0 writes.
+
+    A folder that already holds another run is refused in one sentence unless ``resume`` continues it (or
+    ``overwrite=True``, which moves the old run into a sibling folder, never deleting it): otherwise the new
+    run's checkpoints and log would mix with the old one's.
+    """
     import time
 
-    from trainwise.distributed import broadcast_object, is_main_process
+    from trainwise.distributed import broadcast_object, first_problem, is_main_process
 
     folder = Path(broadcast_object(str(Path(run_dir) if run_dir else default_run_dir())))  # rank 0's clock
     lock = lock_run_folder(folder)  # one writer per run folder; checks it is writable
     try:
+        moved, problem = None, None
+        if is_main_process():
+            try:
+                moved = _make_room(folder, resume, overwrite)
+            except TrainwiseError as exc:
+                problem = str(exc)
+        problem = first_problem(problem)
+        if problem is not None:
+            raise TrainwiseError(problem)
         log = open_run_log(folder, writer=is_main_process())
-        log.write({"kind": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": resume})
+        log.write({"kind": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": resume,
+                   **({"previous_run_moved_to": str(moved)} if moved else {})})
         log.write_json("config.json", config)
     except BaseException:
         lock.release()
         raise
     return folder, lock, log
+
+
+RUN_FILES = ("metrics.jsonl", "config.json", "checkpoints")  # any of these: the folder holds a run
+
+
+def holds_run(folder: str | os.PathLike[str]) -> bool:
+    """Whether ``folder`` holds a run's log, config or checkpoints."""
+    return any((Path(folder) / name).exists() for name in RUN_FILES)
+
+
+def prepare_run_folder(
+    folder: str | os.PathLike[str], *, resume: Any = None, overwrite: bool = False
+) -> Path | None:
+    """Before writing anything into ``folder``: refuse another run in it (one sentence), or with
+    ``overwrite`` move that run into a sibling folder (returned); holds the folder's lock meanwhile."""
+    with RunLock(folder):
+        return _make_room(Path(folder), resume, overwrite)
+
+
+def _make_room(folder: Path, resume: Any, overwrite: bool) -> Path | None:
+    """Refuse, or with ``overwrite`` move aside, another run in ``folder``; returns where it went."""
+    if not holds_run(folder) or _continues(folder, resume):
+        return None
+    if not overwrite:
+        raise TrainwiseError(
+            f"run folder {folder} already holds a run; pass resume='auto' to continue it, another run_dir, or "
+            "overwrite=True to move the old run aside."
+        )
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    aside = folder.with_name(f"{folder.name}.previous-{stamp}")
+    suffix = 1
+    while aside.exists():
+        suffix += 1
+        aside = folder.with_name(f"{folder.name}.previous-{stamp}-{suffix}")
+    aside.mkdir(parents=True)
+    for entry in folder.iterdir():
+        if entry.name != LOCK_NAME:
+            os.replace(entry, aside / entry.name)  # a rename: nothing is copied or deleted
+    return aside
+
+
+def _continues(folder: Path, resume: Any) -> bool:
+    """``resume`` continues the run in ``folder``: "auto", the folder itself, or a file inside it."""
+    if resume is None:
+        return False
+    if resume == "auto":
+        return True
+    try:
+        target = Path(resume).resolve()
+        return target == folder.resolve() or folder.resolve() in target.parents
+    except (OSError, ValueError):
+        return False
 
 
 def read_log(path: str | os.PathLike[str], *, raw: bool = False) -> list[dict[str, Any]]:

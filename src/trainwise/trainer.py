@@ -18,6 +18,7 @@ from trainwise import __version__
 from trainwise.accumulation import GradientAccumulator
 from trainwise.batches import MicroBatch, forward_micro_batch, wants_accuracy
 from trainwise.batches import split_batch as default_split_batch
+from trainwise.checkpoint.compat import FACTS_KEY, check_resume, describe, resume_changes, run_facts
 from trainwise.checkpoint.loader import ResumableLoader
 from trainwise.checkpoint.manager import CheckpointManager
 from trainwise.checkpoint.training import (
@@ -58,8 +59,14 @@ from trainwise.seeding import determinism_restored, seed_everything
 class Trainer:
     """A small training loop with the fundamentals right by default.
 
-    >>> result = Trainer(epochs=5, lr=1e-3, batch_size=64).fit(model, train_set, val_set)
-    >>> result.last["val_accuracy"]
+    >>> result = Trainer(epochs=5, lr=1e-3, batch_size=64, seed=0).fit(MyModel, train_set, val_set)
+    >>> result.last["val_accuracy"], result.model
+
+    ``fit`` takes the model or, for initial weights set by ``seed``, a function that builds it (called after
+    seeding). A model built before ``fit`` has the initial weights of the caller's RNG: seed before building
+    it for a reproducible run. On CPU with loader workers the Trainer leaves one core per worker (fewer
+    intra-op threads, restored after ``fit``): the same seed then gives slightly different weights with 0
+    and 2 workers; a checkpoint records the thread count and a resume uses it again.
 
     ``optimizer`` is an optimizer instance or a factory called with the trainable parameters (default:
     AdamW with ``lr`` and ``weight_decay``); ``scheduler`` an instance or a factory called with the
@@ -103,6 +110,8 @@ class Trainer:
         diagnose: bool = True,
         plot: bool = True,
         resume: str | None = None,
+        resume_mismatch: Literal["refuse", "allow"] = "refuse",
+        overwrite: bool = False,
         checkpoint_every: int | None = None,
         keep_last: int = 2,
         checkpoints: bool = True,
@@ -129,10 +138,15 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------------
 
-    def fit(self, model: torch.nn.Module, train_data: Any, val_data: Any = None) -> FitResult:
-        """Train ``model`` on ``train_data`` (Dataset, DataLoader or iterable of batches), validating each epoch."""
-        if not isinstance(model, torch.nn.Module):
-            raise TrainwiseError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+    def fit(
+        self, model: torch.nn.Module | Callable[[], torch.nn.Module], train_data: Any, val_data: Any = None
+    ) -> FitResult:
+        """Train ``model`` (a module, or a function that builds it after seeding) on ``train_data`` (Dataset,
+        DataLoader or iterable of batches), validating each epoch; the trained module is ``result.model``."""
+        if not isinstance(model, torch.nn.Module) and not callable(model):
+            raise TrainwiseError(
+                f"model must be a torch.nn.Module or a function that builds one, got {type(model).__name__}."
+            )
         self._lock = RunLock(".")  # replaced by the run folder's lock once it is known
         try:
             with determinism_restored():  # deterministic=True holds for this fit only
@@ -147,6 +161,8 @@ class Trainer:
         cfg = self.config
         started = time.perf_counter()
         seed_everything(cfg.seed, deterministic=cfg.deterministic)
+        built_here = not isinstance(model, torch.nn.Module)
+        model = _build_model(model) if built_here else model
         device = resolve_device(cfg.device).device
         if cfg.distributed != "off":  # under torchrun: join the process group (a no-op for one process)
             self._dist = init_distributed(local_device(device), timeout=cfg.dist_timeout)
@@ -195,7 +211,12 @@ class Trainer:
             stream=StreamCheck(train_loader),
             agree_on_last=self._dist.enabled and length(train_loader) is None,
         )
+        run.facts = run_facts(model=model, optimizer=optimizer, scheduler=scheduler, loader=train_loader,
+                              window=accumulator.steps, precision=precision.name, world_size=self._dist.world_size)
         self._open_run_folder(run)
+        if not built_here:
+            run.log.write({"kind": "note", "message": "the model was built before fit(), so its initial weights come "
+                           "from the caller's RNG; pass a function that builds it for weights set by seed."})
         self._resume(run)
         return run
 
@@ -205,7 +226,7 @@ class Trainer:
         run.run_dir, self._lock, run.log = open_run(cfg.run_dir, {
             "trainer": cfg.to_dict(), "device": str(run.device), "precision": run.precision.name,
             "precision_reason": run.precision.reason, "trainwise": __version__, "torch": torch.__version__,
-        }, resume=cfg.resume)
+        }, resume=cfg.resume, overwrite=cfg.overwrite)
         run.progress = make_progress(cfg.progress if main else "off")
         if cfg.patience is not None:
             keep = cfg.keep_best if main else "memory"  # one writer of the best-weights file
@@ -232,9 +253,17 @@ class Trainer:
         if found is not None:
             path, checkpoint = found
             saved = checkpoint["state"]
+            changes = resume_changes(checkpoint.get("meta", {}).get("config"), self.config.to_dict(), run.facts)
+            fresh = check_resume(changes, mismatch=self.config.resume_mismatch, checkpoint=path)
+            if changes:  # resume_mismatch="allow"
+                run.progress.message(describe(changes))
+                run.log.write({"kind": "resume_mismatch", "changes": {k: [str(o), str(n)] for k, (o, n) in
+                                                                      changes.items()}})
             self._replay_unfreezing(run, saved["loop"]["epoch"], mid_epoch=bool(saved.get("loader", {}).get(
                 "batches_done")))
-            restore_training_checkpoint(path, checkpoint, run.resumable, fsdp=run.fsdp)
+            restoring = {k: v for k, v in run.resumable.items() if k not in fresh}  # what the new run replaced
+            restore_training_checkpoint(path, checkpoint, restoring, fsdp=run.fsdp)
+            run.resumable.update(restoring)
             if not self._dist.is_main:
                 run.metrics.reset()  # the checkpoint holds the sums over all processes: rank 0 carries them
             run.loop = run.resumable["loop"]
@@ -260,9 +289,15 @@ class Trainer:
 
     def _run(self, run: _Run) -> FitResult:
         """The epochs; an interrupt or a NaN ends them with what was logged so far."""
+        if run.loop.get("stopped_early"):
+            run.outcome.stopped_early = True
+            run.progress.message(f"the run had stopped early at epoch {run.loop['epoch'] - 1}; nothing to train "
+                                 "(start another run_dir to train again).")
         try:
-            with threads_beside_workers(run.device, run.train_loader):
-                for epoch in range(run.loop["epoch"], self.config.epochs + 1):
+            # a resume computes with the thread count the checkpoint recorded (float sums depend on it)
+            with threads_beside_workers(run.device, run.train_loader, threads=run.loop.get("threads")):
+                run.loop["threads"] = torch.get_num_threads()
+                for epoch in range(run.loop["epoch"], 0 if run.outcome.stopped_early else self.config.epochs + 1):
                     if self._epoch(run, epoch):
                         break
         except KeyboardInterrupt:
@@ -313,6 +348,7 @@ class Trainer:
         if self._dist.enabled:
             stop = broadcast_flag(stop, device=run.device)  # rank 0 decides; every rank stops together
         run.loop["epoch"] = epoch + 1
+        run.loop["stopped_early"] = stop  # a resumed run that had stopped stays stopped
         self._checkpoint(run, metric=record.get(cfg.monitor))
         if stop:
             run.outcome.stopped_early = True
@@ -400,7 +436,7 @@ class Trainer:
         if self.config.nonfinite == "stop":
             check_finite_everywhere(run.guard, run.accumulator.optimizer_steps)
         save_training_checkpoint(run.manager, run.resumable, step=run.accumulator.optimizer_steps, metric=metric,
-                                 config=self.config.to_dict(), run_dir=run.run_dir)
+                                 config={**self.config.to_dict(), FACTS_KEY: run.facts}, run_dir=run.run_dir)
 
     def _finish(self, run: _Run, *, restore_best: bool = True) -> FitResult:
         """Restore the best weights (early stopping), find the best epoch, draw the curves, build the result."""
@@ -424,7 +460,7 @@ class Trainer:
             history=history, run_dir=run.run_dir, steps=run.accumulator.optimizer_steps,
             seconds=time.perf_counter() - run.started, stopped=outcome.stopped, device=str(run.device),
             precision=run.precision.name, message=outcome.message, best_epoch=best, best_value=value,
-            stopped_early=outcome.stopped_early, overfitting=outcome.overfitting, plot=plot,
+            stopped_early=outcome.stopped_early, overfitting=outcome.overfitting, plot=plot, model=run.model,
         )
 
     def _forward(self, model: torch.nn.Module, batch: Any, precision: Any, device: torch.device) -> MicroBatch:
@@ -498,6 +534,16 @@ class _Run:
         default_factory=lambda: {"epoch": 1, "history": [], "accuracy": None, "overfitting": None}
     )
     outcome: _Outcome = dataclasses.field(default_factory=_Outcome)
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what a checkpoint records of the run
+
+
+def _build_model(factory: Callable[[], Any]) -> torch.nn.Module:
+    """Call a model factory (after seeding); anything but a module is one sentence."""
+    model = factory()
+    if not isinstance(model, torch.nn.Module):
+        name = getattr(factory, "__name__", type(factory).__name__)
+        raise TrainwiseError(f"the model factory {name} returned a {type(model).__name__}, not a torch.nn.Module.")
+    return model
 
 
 def _close(run: _Run) -> None:

@@ -113,20 +113,21 @@ class CheckpointManager:
         save_checkpoint(path, state, config=config, meta={"step": step, "metric": metric, "monitor": self.monitor})
         metrics = self._metrics({path.name: metric})
         if is_complete(path):  # delete nothing unless the new checkpoint reads back
-            self._prune(metrics)
+            self._prune(metrics, keep=path)
         return path
 
-    def _prune(self, metrics: dict[str, float | None]) -> None:
+    def _prune(self, metrics: dict[str, float | None], keep: Path | None = None) -> None:
         found = self.checkpoints()
-        keep = set(found[-self.keep_last:])
+        # the newest by step, the best, and the one just written (files of a later step are another run's)
+        kept = set(found[-self.keep_last:]) | ({keep} if keep is not None else set())
         best = self._best_of(found, metrics)
         if best is not None:
-            keep.add(best)
+            kept.add(best)
         for path in found:
-            if path not in keep:
+            if path not in kept:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
-        names = {path.name for path in found if path in keep}
+        names = {path.name for path in found if path in kept}
         self._write_manifest({name: metric for name, metric in metrics.items() if name in names})
 
     def _best_of(self, paths: list[Path], metrics: Mapping[str, float | None]) -> Path | None:

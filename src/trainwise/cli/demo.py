@@ -17,6 +17,8 @@ def register(sub: Any) -> None:
     parser.add_argument("--epochs", type=int, default=12, help="passes over the training set (default 12)")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default 0)")
     parser.add_argument("--run-dir", default=None, help="run folder (default runs/<date>-<time>)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="move a run already in --run-dir aside (never deleted) instead of refusing")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, mps")
     parser.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
     parser.add_argument(
@@ -43,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         epochs=min(args.epochs, 8) if args.finetune else args.epochs,
         workers=args.workers,
         run_dir=args.run_dir,
+        overwrite=args.overwrite,
         device=args.device,
         progress="off" if args.json else "auto",
     )

@@ -373,13 +373,14 @@ def build(config: FitConfig) -> tuple[Any, Any, Any, Any]:
 def train(config: FitConfig) -> dict[str, Any]:
     """Build everything, record the resolved configuration in the run folder as fit.json, train; a summary."""
     from trainwise.checkpoint.io import atomic_write_json
-    from trainwise.runlog import default_run_dir
+    from trainwise.runlog import default_run_dir, prepare_run_folder
 
     if config.trainer.run_dir is None:  # resolve it now so that fit.json lands in the same folder
         config = dataclasses.replace(config, trainer=config.trainer.replace(run_dir=str(default_run_dir())))
     model, train_data, val_data, trainer = build(config)
     run_dir = Path(config.trainer.run_dir or "")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # refused (or moved aside) before fit.json is written over another run's
+    prepare_run_folder(run_dir, resume=config.trainer.resume, overwrite=config.trainer.overwrite)
     atomic_write_json(run_dir / "fit.json", config.to_dict())
     result = trainer.fit(model, train_data, val_data)
     last = result.last

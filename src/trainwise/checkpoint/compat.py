@@ -1,0 +1,136 @@
+"""Whether a checkpoint can be continued exactly by a run configured as this one.
+
+A checkpoint records the run that wrote it (its options and facts: processes, data size, accumulation,
+optimizer, model shapes). A resume compares them with the new run. A change that breaks exact continuation
+is refused in one sentence naming each change; ``resume_mismatch="allow"`` continues anyway and logs the
+changes. Options that only steer the rest of the run (more epochs, logging, progress) apply silently.
+
+| option or fact | on resume |
+|---|---|
+| batch_size, effective_batch, accumulation_steps, window | refused: the saved position counts old-size batches |
+| seed, world_size, train_samples, train_batches | refused: a different order or shard, so samples skipped or repeated |
+| count, loss_reduction, ignore_index, precision | refused: the loss or the gradient scaler would change mid-run |
+| lr, weight_decay, lr_by_pattern | refused; with allow, not applied: the optimizer's saved values continue |
+| optimizer, scheduler (class) | refused; with allow, the new one starts fresh (its saved state is dropped) |
+| unfreeze_at | refused: the optimizer's groups would not match |
+| parameters (names and shapes) | refused always: the weights cannot load (use load_weights) |
+| everything else (epochs, log_every, progress, ...) | applied |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from trainwise.errors import TrainwiseError, show
+
+# options whose change breaks exact continuation (see the table above)
+REFUSED_OPTIONS = (
+    "batch_size", "effective_batch", "accumulation_steps", "seed", "count", "loss_reduction", "ignore_index",
+    "lr", "weight_decay", "lr_by_pattern", "unfreeze_at",
+)
+REFUSED_FACTS = ("world_size", "train_samples", "train_batches", "window", "precision", "optimizer", "scheduler")
+FRESH_WITH_ALLOW = {"optimizer": "optimizer", "scheduler": "scheduler", "precision": "scaler"}
+FACTS_KEY = "run"
+
+
+def run_facts(
+    *,
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    loader: Any,
+    window: int,
+    precision: str,
+    world_size: int,
+) -> dict[str, Any]:
+    """What a checkpoint records about the run beside its options (plain values, for ``weights_only``)."""
+    from trainwise.data import length
+    from trainwise.wrappers import unwrap_model
+
+    dataset = getattr(loader, "dataset", None)
+    return {
+        "world_size": world_size,
+        "train_samples": None if dataset is None else length(dataset),
+        "train_batches": length(loader),
+        "window": window,
+        "precision": precision,
+        "optimizer": type(optimizer).__name__,
+        "scheduler": None if scheduler is None else type(scheduler).__name__,
+        "parameters": {name: list(p.shape) for name, p in unwrap_model(model).named_parameters()},
+    }
+
+
+def resume_changes(saved: Mapping[str, Any] | None, options: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[
+        str, tuple[Any, Any]]:
+    """``{key: (old, new)}`` for every refused option or fact that differs between a checkpoint's recorded
+    run (``meta["config"]``) and this one; an old checkpoint that recorded nothing is compared on nothing."""
+    if not isinstance(saved, Mapping):
+        return {}
+    changes: dict[str, tuple[Any, Any]] = {}
+    for key in REFUSED_OPTIONS:
+        if key in saved and _plain(saved[key]) != _plain(options.get(key)):
+            changes[key] = (saved[key], options.get(key))
+    old_facts = saved.get(FACTS_KEY)
+    if isinstance(old_facts, Mapping):
+        for key in REFUSED_FACTS:
+            if key in old_facts and old_facts[key] != facts.get(key):
+                changes[key] = (old_facts[key], facts.get(key))
+        old, new = old_facts.get("parameters"), facts.get("parameters")
+        if isinstance(old, Mapping) and isinstance(new, Mapping) and dict(old) != dict(new):
+            changes["parameters"] = (_shapes_differ(old, new), "")
+    return changes
+
+
+def check_resume(changes: Mapping[str, tuple[Any, Any]], *, mismatch: str, checkpoint: Any) -> list[str]:
+    """Raise one sentence for ``changes`` unless ``mismatch="allow"``; returns the entries of the saved state
+    to leave unrestored (an optimizer, scheduler or scaler that the new run replaces)."""
+    if not changes:
+        return []
+    if "parameters" in changes:
+        raise TrainwiseError(
+            f"the model does not match {checkpoint}: {changes['parameters'][0]}; resume with the model that "
+            "wrote it, or start a new run from the weights that fit with trainwise.load_weights(model, path, "
+            "strict=False)."
+        )
+    listed = "; ".join(f"{key} {show(old, 40)} -> {show(new, 40)}" for key, (old, new) in changes.items())
+    if mismatch != "allow":
+        raise TrainwiseError(
+            f"this run differs from the one that wrote {checkpoint} ({listed}), so it cannot continue it exactly; "
+            "restore those options, or pass resume_mismatch='allow' to continue anyway (logged), or start a new "
+            "run_dir."
+        )
+    return [FRESH_WITH_ALLOW[key] for key in changes if key in FRESH_WITH_ALLOW]
+
+
+def describe(changes: Mapping[str, tuple[Any, Any]]) -> str:
+    """The log line for changes continued with ``resume_mismatch="allow"``."""
+    kept = [k for k in changes if k in ("lr", "weight_decay", "lr_by_pattern")]
+    note = f" ({', '.join(kept)}: the optimizer's saved values continue)" if kept else ""
+    listed = "; ".join(f"{key} {show(old, 40)} -> {show(new, 40)}" for key, (old, new) in changes.items())
+    return f"resumed a run that differs from the checkpoint's, not exactly: {listed}{note}."
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _shapes_differ(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    missing = [k for k in old if k not in new]
+    added = [k for k in new if k not in old]
+    reshaped = [k for k in old if k in new and list(old[k]) != list(new[k])]
+    parts = []
+    if reshaped:
+        first = reshaped[0]
+        parts.append(f"{len(reshaped)} parameter(s) changed shape ({first} {tuple(old[first])} -> {tuple(new[first])})")
+    if missing:
+        parts.append(f"{len(missing)} missing ({missing[0]}...)" if len(missing) > 1 else f"{missing[0]} missing")
+    if added:
+        parts.append(f"{len(added)} new ({added[0]}...)" if len(added) > 1 else f"{added[0]} new")
+    return ", ".join(parts)

@@ -1,0 +1,82 @@
+"""A reused run folder never loses the new run, and never mixes two runs.
+
+Before: a script with a fixed run_dir run twice (the second time shorter, another lr, no resume) wrote the
+new run's checkpoints and pruned them at once, because the old run's files sort as newer; config.json
+described the new run while metrics.jsonl mixed both.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from trainwise import CheckpointManager, Trainer, TrainwiseError, read_log
+
+
+def _fit(run_dir, epochs, **options):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 3, (32,), generator=g))
+    model = nn.Linear(4, 3)
+    return Trainer(epochs=epochs, batch_size=8, device="cpu", progress="off", plot=False, diagnose=False,
+                   run_dir=str(run_dir), **options).fit(model, data)
+
+
+def test_a_second_run_in_the_same_folder_is_refused_before_anything_is_written(tmp_path):
+    run = tmp_path / "run"
+    _fit(run, 5)
+    before = {p.name: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != ".trainwise.lock"}
+    with pytest.raises(TrainwiseError) as caught:
+        _fit(run, 3, lr=1e-2)
+    assert str(caught.value) == (
+        f"run folder {run} already holds a run; pass resume='auto' to continue it, another run_dir, or "
+        "overwrite=True to move the old run aside."
+    )
+    after = {p.name: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != ".trainwise.lock"}
+    assert after == before
+
+
+def test_overwrite_moves_the_old_run_aside_and_keeps_the_new_one_whole(tmp_path):
+    run = tmp_path / "run"
+    _fit(run, 5)
+    old_checkpoints = [p.name for p in CheckpointManager(run).checkpoints()]
+    result = _fit(run, 3, lr=1e-2, overwrite=True)
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.previous-")]
+    assert len(aside) == 1
+    assert [p.name for p in CheckpointManager(aside[0]).checkpoints()] == old_checkpoints
+    assert [r["epoch"] for r in read_log(aside[0] / "metrics.jsonl") if r["kind"] == "epoch"] == [1, 2, 3, 4, 5]
+    # the new run: its own checkpoints (the last one is its step), its own log and config
+    assert CheckpointManager(run).latest().name == f"ckpt-step{result.steps:09d}.pt"
+    assert [r["epoch"] for r in read_log(run / "metrics.jsonl") if r["kind"] == "epoch"] == [1, 2, 3]
+    assert json.loads((run / "config.json").read_text())["trainer"]["lr"] == 1e-2
+
+
+def test_resume_auto_continues_the_run_in_the_folder(tmp_path):
+    run = tmp_path / "run"
+    _fit(run, 2)
+    result = _fit(run, 3, resume="auto")
+    assert [r["epoch"] for r in result.history] == [1, 2, 3]
+
+
+def test_the_checkpoint_just_written_is_never_pruned_for_another_runs_later_steps(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    for step in (100, 200):
+        manager.save({"x": torch.tensor(step)}, step=step)
+    path = manager.save({"x": torch.tensor(5)}, step=5)
+    assert path.exists()
+
+
+def test_the_demo_command_refuses_a_used_run_folder_without_a_traceback(tmp_path):
+    run = tmp_path / "demo"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"kind": "start"}\n')
+    out = subprocess.run([sys.executable, "-m", "trainwise.cli", "demo", "--epochs", "1", "--run-dir", str(run)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert "already holds a run" in out.stderr and "Traceback" not in out.stderr
