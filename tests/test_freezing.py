@@ -10,7 +10,14 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from trainwise import Trainer, TrainwiseError
-from trainwise.freezing import extend_optimizer, freeze, frozen_norm_layers, param_groups, unfreeze
+from trainwise.freezing import (
+    extend_optimizer,
+    freeze,
+    frozen_norm_layers,
+    is_pinned_eval,
+    param_groups,
+    unfreeze,
+)
 
 
 class Net(nn.Module):
@@ -195,3 +202,112 @@ def test_frozen_norm_layers_under_torch_compile(tmp_path):
             run_dir=str(tmp_path)).fit(model, _data())
     after = model.backbone.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in before.items())
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4 * 8 * 8, 2)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def _trained_stats(model):
+    """Give the BatchNorm non-trivial running statistics, so that eval and batch statistics differ."""
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(8, 1, 8, 8) * 3 + 1)
+    return model
+
+
+def test_freeze_leaves_the_class_of_norm_layers_unchanged():
+    model = Net()
+    freeze(model, "backbone")
+    assert type(model.backbone[1]) is nn.BatchNorm2d
+    assert type(model.backbone[4]) is nn.InstanceNorm2d and type(model.backbone[8]) is nn.BatchNorm1d
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert type(clone.backbone[1]) is nn.BatchNorm2d
+        assert frozen_norm_layers(clone) == ["backbone.1", "backbone.4", "backbone.8"]
+
+
+def test_fuse_modules_works_on_a_frozen_conv_bn_pair():
+    torch.manual_seed(0)
+    model = _trained_stats(ConvBN())
+    freeze(model, "conv", "bn")
+    model.eval()
+    x = torch.randn(4, 1, 8, 8)
+    expected = model(x)
+    fused = torch.ao.quantization.fuse_modules(model, [["conv", "bn"]])
+    assert type(fused.bn) is nn.Identity and type(fused.conv) is nn.Conv2d
+    torch.testing.assert_close(fused(x), expected, rtol=1e-5, atol=1e-5)
+    assert type(model.bn) is nn.BatchNorm2d  # fuse_modules worked on a copy
+
+
+def test_pinned_layer_stays_in_eval_through_train_after_torch_save_and_deepcopy():
+    model = _trained_stats(ConvBN())
+    freeze(model, "conv", "bn")
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for clone in (torch.load(buffer, weights_only=False), copy.deepcopy(model)):
+        clone.train()
+        assert clone.training and clone.bn.training is False and clone.head.training
+        before = _snapshot(clone.bn)
+        clone(torch.randn(8, 1, 8, 8) * 5)
+        assert all(torch.equal(v, clone.bn.state_dict()[k]) for k, v in before.items())
+        clone.bn.train()  # the clone's own layer, not the original's
+        assert clone.bn.training is False and model.bn.training is False
+        unfreeze(clone)
+        clone.train()
+        assert clone.bn.training and not model.bn.training
+        model.train()
+        assert model.bn.training is False  # unfreezing the clone left the original pinned
+
+
+def test_unfreeze_removes_the_instance_attributes():
+    model = ConvBN()
+    freeze(model, "bn")
+    assert is_pinned_eval(model.bn)
+    unfreeze(model, "bn")
+    assert not is_pinned_eval(model.bn)
+    assert "train" not in vars(model.bn)
+    assert model.bn.train.__func__ is nn.BatchNorm2d.train
+
+
+def test_model_saved_with_the_old_class_swap_still_loads_pinned():
+    from trainwise import freezing
+
+    model = ConvBN()
+    model.bn.training = False
+
+    class OldPickler(pickle.Pickler):  # what files written by the class-swapping freeze() contain
+        def reducer_override(self, obj):
+            if obj is model.bn:
+                reduced = object.__reduce_ex__(obj, 2)
+                return (freezing._new_frozen, (nn.BatchNorm2d,), *reduced[2:])
+            return NotImplemented
+
+    buffer = io.BytesIO()
+    OldPickler(buffer, protocol=2).dump(model)
+    loaded = pickle.loads(buffer.getvalue())
+    assert type(loaded.bn) is nn.BatchNorm2d and is_pinned_eval(loaded.bn)
+    loaded.train()
+    assert loaded.bn.training is False
+
+
+def test_compiled_training_forward_keeps_running_stats_of_pinned_layers():
+    torch.manual_seed(0)
+    model = _trained_stats(ConvBN())
+    freeze(model, "conv", "bn")
+    model.train()
+    before = _snapshot(model.bn)
+    compiled = torch.compile(model, backend="aot_eager")
+    x = torch.randn(8, 1, 8, 8) * 5
+    out = compiled(x)
+    assert all(torch.equal(v, model.bn.state_dict()[k]) for k, v in before.items())
+    model.eval()
+    torch.testing.assert_close(out, model(x))  # the compiled training forward used eval statistics

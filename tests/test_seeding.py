@@ -6,9 +6,10 @@ import random
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset, random_split
 
 from trainwise import TrainwiseError, prepare_loader, seed_everything, seeded_loader
+from trainwise.seeding import SeededDataset
 
 
 @pytest.fixture(autouse=True)
@@ -76,3 +77,18 @@ def test_prepare_loader_keeps_options_and_user_worker_init():
     assert prepared.batch_size == 4 and prepared.drop_last and prepared.num_workers == 2
     sequential = prepare_loader(DataLoader(_Augmenting(), batch_size=4), seed=0)
     assert torch.cat(list(sequential))[:, 0].tolist() == list(range(16))
+
+
+def test_prepare_loader_seeds_each_sample_so_workers_do_not_matter():
+    def batches(workers):
+        loader = DataLoader(_Augmenting(), batch_size=4, shuffle=True, num_workers=workers)
+        return _epochs(prepare_loader(loader, seed=5))
+
+    for with_workers, without in zip(batches(2), batches(0), strict=True):
+        assert torch.equal(with_workers, without)
+    tensors = TensorDataset(torch.arange(8))
+    assert seeded_loader(tensors, batch_size=4, seed=0).dataset is tensors  # nothing random to seed
+    part = Subset(tensors, [0, 1, 2])
+    assert seeded_loader(part, batch_size=4, seed=0).dataset is part
+    augmented = random_split(_Augmenting(), [8, 8])[0]  # a Subset: torch's __getitems__ only passes indices on
+    assert isinstance(seeded_loader(augmented, batch_size=4, seed=0).dataset, SeededDataset)

@@ -1,15 +1,20 @@
 """Freezing for fine-tuning: parameters stop training, and norm layers inside a frozen part stay in eval mode.
 
 ``model.train()`` walks every submodule and switches BatchNorm back to batch statistics, so a "frozen"
-backbone keeps updating its running mean and variance. Here a frozen norm layer's class is swapped for a
-subclass whose ``train()`` keeps it in eval mode (the technique ``torch.nn.utils.parametrize`` uses), which
-survives ``train()`` on any ancestor, ``deepcopy``, pickling, ``state_dict`` and ``torch.compile``.
+backbone keeps updating its running mean and variance. Here a frozen norm layer keeps its class (``type(m) is
+nn.BatchNorm2d`` stays true, so ``torch.ao.quantization.fuse_modules`` and type checks work) and gets two
+instance attributes: ``train``, a ``functools.partial`` of a module-level function that calls the class's own
+``train(False)``, which shadows the method (torch's ``Module.train`` calls ``child.train(mode)`` on each child),
+and a marker for :func:`is_pinned_eval`. This survives ``train()`` on any ancestor, ``deepcopy``, pickling and
+``torch.save(model)`` (the partial pickles by reference), ``state_dict`` (no new keys) and ``torch.compile`` (the
+layer's ``training`` is False when traced). :func:`unfreeze` removes both attributes.
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,43 +22,24 @@ import torch
 from torch import nn
 
 from trainwise.errors import TrainwiseError
+from trainwise.schedulers import check_extendable, join_schedule, plan_new_group
 
 Pattern = str | nn.Module | nn.Parameter
 
-_FROZEN_CLASSES: dict[type, type] = {}
+_PINNED = "_trainwise_pinned_eval"  # instance marker of a norm layer kept in eval mode
+
+
+def _pinned_train(module: nn.Module, mode: bool = True) -> nn.Module:
+    """``train()`` of a pinned norm layer: its class's own ``train`` with ``mode=False``, whatever was asked."""
+    return type(module).train(module, False)
 
 
 def _new_frozen(base: type) -> nn.Module:
-    """Unpickling and deepcopy entry point: a bare instance of the frozen subclass of ``base``."""
-    return base.__new__(_frozen_class(base))
-
-
-def _frozen_train(self: nn.Module, mode: bool = True) -> nn.Module:
-    return type(self).__mro__[1].train(self, False)
-
-
-def _frozen_reduce_ex(self: nn.Module, protocol: Any) -> Any:
-    # Pickle as the original class plus a marker, so that files name an importable class.
-    reduced = object.__reduce_ex__(self, protocol)
-    return (_new_frozen, (type(self)._trainwise_base,), *reduced[2:])
-
-
-def _frozen_class(base: type) -> type:
-    cls = _FROZEN_CLASSES.get(base)
-    if cls is None:
-        cls = type(
-            f"Frozen{base.__name__}",
-            (base,),
-            {
-                "train": _frozen_train,
-                "__reduce_ex__": _frozen_reduce_ex,
-                "_trainwise_base": base,
-                "__module__": base.__module__,
-                "__doc__": f"{base.__name__} kept in eval mode by trainwise.freeze (running statistics fixed).",
-            },
-        )
-        _FROZEN_CLASSES[base] = cls
-    return cls
+    """Unpickling entry point named by models that earlier trainwise versions (which swapped the class) saved
+    whole: a bare, pinned instance of ``base``, whose saved state pickle adds afterwards."""
+    module = base.__new__(base)
+    _set_pin(module)
+    return module
 
 
 def has_running_stats(module: nn.Module) -> bool:
@@ -63,18 +49,27 @@ def has_running_stats(module: nn.Module) -> bool:
 
 def is_pinned_eval(module: nn.Module) -> bool:
     """True for a norm layer that :func:`freeze` keeps in eval mode."""
-    return type(module) in _FROZEN_CLASSES.values()
+    return bool(vars(module).get(_PINNED, False))
+
+
+def _set_pin(module: nn.Module) -> None:
+    # An instance attribute shadows the class's ``train``; torch's ``Module.train`` calls ``child.train(mode)``
+    # on every child, so this one is honoured. ``partial`` of a module-level function pickles and deep-copies
+    # by reference (the copy's partial points at the copy), and the class stays what it was.
+    vars(module)["train"] = functools.partial(_pinned_train, module)
+    vars(module)[_PINNED] = True
 
 
 def _pin(module: nn.Module) -> None:
     if not is_pinned_eval(module):
-        module.__class__ = _frozen_class(type(module))
+        _set_pin(module)
     module.training = False
 
 
 def _unpin(module: nn.Module, training: bool) -> None:
     if is_pinned_eval(module):
-        module.__class__ = type(module)._trainwise_base
+        vars(module).pop("train", None)
+        vars(module).pop(_PINNED, None)
         module.training = training
 
 
@@ -185,6 +180,36 @@ def frozen_norm_layers(model: nn.Module) -> list[str]:
     return [name for name, module in model.named_modules() if is_pinned_eval(module)]
 
 
+def pin_frozen_norm_layers(model: nn.Module) -> list[str]:
+    """Keep in eval mode, as :func:`freeze` does, every norm layer with running statistics whose parameters
+    are all frozen (or, without parameters, whose nearest enclosing module with parameters is all frozen).
+
+    The tutorial recipe ``backbone.requires_grad_(False)`` stops gradients, not running statistics: each
+    ``model.train()`` would switch those layers back to batch statistics. Returns the names pinned by this call.
+    """
+    modules = dict(model.named_modules())
+    pinned = []
+    for name, module in modules.items():
+        if not has_running_stats(module) or is_pinned_eval(module):
+            continue
+        own = list(module.parameters(recurse=False))
+        frozen = not any(p.requires_grad for p in own) if own else _enclosing_frozen(modules, name)
+        if frozen:
+            _pin(module)
+            pinned.append(name)
+    return pinned
+
+
+def _enclosing_frozen(modules: dict[str, nn.Module], name: str) -> bool:
+    """Whether the nearest ancestor of ``name`` that has parameters has them all frozen."""
+    while name:
+        name = name.rpartition(".")[0]
+        params = list(modules[name].parameters())
+        if params:
+            return not any(p.requires_grad for p in params)
+    return False
+
+
 # -- optimizer parameter groups ---------------------------------------------------------------------------
 
 _NORM_TYPES: tuple[type, ...] = (
@@ -270,19 +295,34 @@ def extend_optimizer(
 ) -> list[str]:
     """Add the model's trainable parameters that the optimizer lacks (after :func:`unfreeze`) as new groups.
 
-    The state of the parameters already there (Adam moments, momentum) is untouched. A scheduler given
-    here learns the new groups' base learning rates. Returns the names added.
+    The state of the parameters already there (Adam moments, momentum) is untouched. With ``scheduler`` (any of
+    torch's built-in schedulers, nested ones included), each new group joins the schedule at its current position
+    as if it had been in the optimizer from the start: its per-group state is copied from a template group (the
+    existing group with the same ``group_name``, else the same ``lr_by_pattern`` pattern, else group 0) and its
+    current lr is the schedule's value now, not its base lr. A scheduler it cannot extend is refused before
+    anything changes. Returns the parameter names added.
     """
+    if scheduler is not None:
+        check_extendable(scheduler, optimizer)
     present = {id(p) for group in optimizer.param_groups for p in group["params"]}
     missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in present]
     if not missing:
         return []
-    for group in param_groups(model, weight_decay=weight_decay, lr_by_pattern=lr_by_pattern, only=missing):
-        group.setdefault("lr", optimizer.defaults.get("lr", optimizer.param_groups[0]["lr"]))
-        group["initial_lr"] = group["lr"]
-        optimizer.add_param_group(group)
-        if scheduler is not None and hasattr(scheduler, "base_lrs"):
-            scheduler.base_lrs.append(group["lr"])
+    patterns = dict(lr_by_pattern or {})
+    default_lr = optimizer.defaults.get("lr", optimizer.param_groups[0]["lr"])
+    groups = param_groups(model, weight_decay=weight_decay, lr_by_pattern=patterns, only=missing)
+    plans = []
+    for group in groups:  # everything that can fail happens here, before the optimizer changes
+        group.setdefault("lr", default_lr)
+        plans.append(None if scheduler is None else plan_new_group(scheduler, optimizer, group, patterns, default_lr))
+    for group, plan in zip(groups, plans, strict=True):
+        if plan is None:
+            group["initial_lr"] = group["lr"]
+            optimizer.add_param_group(group)
+        else:
+            group["lr"], group["initial_lr"] = plan.lr, plan.initial_lr
+            optimizer.add_param_group(group)
+            join_schedule(plan, scheduler, optimizer)
     return missing
 
 
@@ -294,6 +334,22 @@ def unfreeze_into(
     scheduler: Any = None,
 ) -> list[str]:
     """:func:`unfreeze` the matched parameters and add them to ``optimizer`` (:func:`extend_optimizer`), the
-    scheduler told of the new groups; returns the parameter names added to the optimizer."""
+    scheduler extended for the new groups; returns the parameter names added to the optimizer.
+
+    All or nothing: when the optimizer or scheduler cannot be extended, the parameters and norm layers are left
+    frozen as they were.
+    """
+    if scheduler is not None:
+        check_extendable(scheduler, optimizer)
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    pinned = [module for module in model.modules() if is_pinned_eval(module)]
     unfreeze(model, *patterns)
-    return extend_optimizer(optimizer, model, lr_by_pattern=lr_by_pattern, scheduler=scheduler)
+    try:
+        return extend_optimizer(optimizer, model, lr_by_pattern=lr_by_pattern, scheduler=scheduler)
+    except TrainwiseError:
+        for name, param in model.named_parameters():
+            if name in frozen:
+                param.requires_grad_(False)
+        for module in pinned:
+            _pin(module)
+        raise

@@ -10,7 +10,7 @@ import torch
 
 from trainwise.errors import TrainwiseError
 from trainwise.freezing import param_groups
-from trainwise.guards import check_optimizer_covers
+from trainwise.guards.loss import check_optimizer_covers
 
 OptimizerArg = torch.optim.Optimizer | Callable[[list[Any]], torch.optim.Optimizer] | None
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, TensorDataset, get_worker_info
 
 from trainwise.errors import TrainwiseError
 
@@ -91,15 +92,21 @@ def seeded_loader(
     collate_fn: Any = None,
     persistent_workers: bool | None = None,
 ) -> DataLoader:
-    """A DataLoader whose order and worker randomness depend only on ``seed``, for any ``num_workers``."""
+    """A DataLoader whose order and augmentation randomness depend only on ``seed``, for any ``num_workers``.
+
+    The global RNGs (torch CPU, Python, NumPy) are seeded for each sample from ``(seed, epoch, position in
+    the epoch)`` in whichever process loads it (see :func:`seeded_sampling`), so a random augmentation in
+    ``__getitem__`` is the same with 0 or 8 workers, persistent or not, and after any resume.
+    """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise TrainwiseError(f"batch_size must be a positive integer, got {batch_size!r}.")
     if persistent_workers is None:
         persistent_workers = num_workers > 0
+    dataset, sampler = seeded_sampling(dataset, _sampler(_unseeded(dataset), shuffle=shuffle, seed=seed), seed=seed)
     return DataLoader(
         dataset,
         batch_size=batch_size,
-        sampler=_sampler(dataset, shuffle=shuffle, seed=seed),
+        sampler=sampler,
         num_workers=num_workers,
         drop_last=drop_last,
         pin_memory=pin_memory,
@@ -115,6 +122,8 @@ def prepare_loader(loader: DataLoader, *, seed: int) -> DataLoader:
 
     A user's ``worker_init_fn`` still runs, after trainwise's seeding. A loader with its own ``batch_sampler``
     gets it wrapped in :class:`SeededBatchSampler` (refused, in one sentence, if its order is not reproducible).
+    A shuffled or sequential loader also gets per-sample seeding (:func:`seeded_sampling`), as in
+    :func:`seeded_loader`; a loader with its own sampler or batch sampler keeps its workers' own streams.
     """
     if not isinstance(loader, DataLoader):
         raise TrainwiseError(f"expected a torch DataLoader, got {type(loader).__name__}.")
@@ -126,13 +135,16 @@ def prepare_loader(loader: DataLoader, *, seed: int) -> DataLoader:
             batches = SeededBatchSampler(batches, seed=seed)
             batches.check()
         return rebuild_loader(loader, batch_sampler=batches, worker_init_fn=init, generator=loader_generator(seed))
-    from torch.utils.data import RandomSampler
+    from torch.utils.data import RandomSampler, SequentialSampler
 
-    if isinstance(loader.sampler, RandomSampler):
-        sampler = _sampler(loader.dataset, shuffle=True, seed=seed)
-    else:
-        sampler = loader.sampler  # sequential, or the user's own
-    return rebuild_loader(loader, sampler=sampler, worker_init_fn=init, generator=loader_generator(seed))
+    dataset, sampler = loader.dataset, loader.sampler  # the user's own sampler: kept as it is
+    if isinstance(sampler, (RandomSampler, SequentialSampler)):
+        plain = _unseeded(dataset)
+        dataset, sampler = seeded_sampling(
+            plain, _sampler(plain, shuffle=isinstance(sampler, RandomSampler), seed=seed), seed=seed
+        )
+    return rebuild_loader(loader, sampler=sampler, worker_init_fn=init, generator=loader_generator(seed),
+                          dataset=dataset)
 
 
 def rebuild_loader(
@@ -143,15 +155,16 @@ def rebuild_loader(
     generator: torch.Generator | None = None,
     batch_sampler: Any = None,
     collate_fn: Any = None,
+    dataset: Any = None,
 ) -> DataLoader:
     """The same DataLoader (dataset, batch size, workers, collate, pinning...) with another sampler (or batch
-    sampler), worker initialiser and generator, and optionally another collate function."""
+    sampler), worker initialiser and generator, and optionally another collate function or dataset."""
     if batch_sampler is not None:  # the batch sampler decides the batches: no batch_size, sampler, drop_last
         batching: dict[str, Any] = {"batch_sampler": batch_sampler}
     else:
         batching = {"batch_size": loader.batch_size, "sampler": sampler, "drop_last": loader.drop_last}
     return DataLoader(
-        loader.dataset,
+        loader.dataset if dataset is None else dataset,
         **batching,
         num_workers=loader.num_workers,
         collate_fn=loader.collate_fn if collate_fn is None else collate_fn,
@@ -176,6 +189,173 @@ def _sampler(dataset: Dataset, *, shuffle: bool, seed: int) -> Any:
     if not shuffle:
         return SequentialSampler(dataset)
     return RandomSampler(dataset, generator=loader_generator(seed))
+
+
+# -- per-sample seeding ------------------------------------------------------------------------------------
+
+_MASK64 = 2**64 - 1
+
+
+class SampleKey(NamedTuple):
+    """What a seeded sampler hands the DataLoader for one sample: the dataset index and the seed to load it
+    under (so the seed travels to whichever worker loads the sample)."""
+
+    index: Any
+    seed: int
+
+
+def seeded_sampling(dataset: Dataset, sampler: Any, *, seed: int) -> tuple[Dataset, Any]:
+    """``(dataset, sampler)`` for a DataLoader in which every sample is loaded with the global RNGs seeded
+    from ``(seed, epoch, position in the epoch)``, so that augmentation does not depend on which worker
+    loads a sample nor on what that worker loaded before (persistent workers, resumes).
+
+    The sampler yields :class:`SampleKey` items, its epoch given by the state of its generator when the
+    epoch starts (a shuffling sampler's own; a sequential one gets a generator advanced once an epoch), which
+    ``ResumableLoader`` checkpoints. The dataset unpacks them (attributes, ``len()`` and pickling are those of
+    ``dataset``); in the main process (``num_workers=0``) it puts the global RNGs back after each fetch.
+    Returned unchanged: a ``TensorDataset`` (nothing random to seed) and a dataset with its own
+    ``__getitems__`` (its batched fetch is kept), and a sampler that is already seeded.
+    """
+    plain = _unseeded(dataset)
+    if isinstance(sampler, _KeyedSampler) or _loading(plain) != "random":
+        return dataset, sampler
+    return SeededDataset(plain), _KeyedSampler(sampler, seed=seed)
+
+
+def _loading(dataset: Any) -> str:
+    """How a DataLoader loads ``dataset``: "plain" (only TensorDatasets: nothing random), "batched" (its own
+    ``__getitems__``, kept), else "random" (``__getitem__`` per sample, which may draw). torch's Subset,
+    StackDataset and ConcatDataset only pass indices on, so what is inside them decides."""
+    from torch.utils.data import ConcatDataset, StackDataset, Subset
+
+    if type(dataset) is TensorDataset:
+        return "plain"
+    parts: list[Any] | None = None
+    if isinstance(dataset, Subset) and type(dataset).__getitem__ is Subset.__getitem__:
+        parts = [dataset.dataset]
+    elif type(dataset) is StackDataset:
+        inner = dataset.datasets
+        parts = list(inner.values() if isinstance(inner, dict) else inner)
+    elif isinstance(dataset, ConcatDataset) and not hasattr(dataset, "__getitems__"):
+        kinds = {_loading(part) for part in dataset.datasets}
+        return "plain" if kinds == {"plain"} else "random"  # loaded per sample whatever the parts can do
+    if parts is not None:
+        kinds = {_loading(part) for part in parts}
+        return "batched" if "batched" in kinds else "random" if "random" in kinds else "plain"
+    return "batched" if hasattr(dataset, "__getitems__") else "random"
+
+
+class _KeyedSampler:
+    """Yields ``SampleKey(index, sample_seed)`` for each index of ``sampler``, the seeds drawn from ``seed``
+    and a key of the epoch (a hash of the generator's state as the epoch starts)."""
+
+    def __init__(self, sampler: Any, *, seed: int) -> None:
+        self.sampler = sampler
+        self.seed = seed
+        inner = getattr(sampler, "generator", None)
+        self._advance = not isinstance(inner, torch.Generator)  # nothing moves it each epoch: we do
+        self.generator = loader_generator(_mix(seed, 0x5EED)) if self._advance else inner
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[SampleKey]:
+        # a generator function: the epoch key is read when the first index is asked for, right where the
+        # wrapped sampler draws its order, so a resume that restores the generator replays both
+        state = self.generator.get_state()
+        epoch_key = int.from_bytes(hashlib.blake2b(state.numpy().tobytes(), digest_size=8).digest(), "little")
+        if self._advance:
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        base = _mix(self.seed, epoch_key)
+        for position, index in enumerate(self.sampler):
+            yield SampleKey(_plain_index(index), _mix(base, position))
+
+
+class SeededDataset(Dataset):
+    """A map-style dataset that loads each :class:`SampleKey` with torch's CPU, Python's and NumPy's global
+    RNGs seeded from the key's seed; any other index loads unseeded. Everything else is the wrapped dataset's."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not set yet (during unpickling)
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # `loader.dataset.train = False` must reach the dataset that loads the samples
+        if name == "dataset":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.dataset, name, value)
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: Any) -> Any:
+        if not isinstance(key, SampleKey):
+            return self.dataset[key]
+        with _main_process_rngs_kept():
+            _seed_globals(key.seed)
+            return self.dataset[key.index]
+
+    def __getitems__(self, keys: list[Any]) -> list[Any]:
+        """A batch: the RNGs are saved and restored once (main process only), seeded once per sample."""
+        samples = []
+        with _main_process_rngs_kept():
+            for key in keys:
+                if isinstance(key, SampleKey):
+                    _seed_globals(key.seed)
+                    samples.append(self.dataset[key.index])
+                else:
+                    samples.append(self.dataset[key])
+        return samples
+
+    def __repr__(self) -> str:
+        return f"SeededDataset({self.dataset!r})"
+
+
+def _unseeded(dataset: Any) -> Any:
+    return dataset.dataset if isinstance(dataset, SeededDataset) else dataset
+
+
+def _mix(a: int, b: int) -> int:
+    """A 64-bit hash of two integers (SplitMix64's finaliser): cheap, and nearby inputs give unrelated seeds."""
+    z = (a * 0x9E3779B97F4A7C15 + b + 0x632BE59BD9B4E019) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _seed_globals(seed: int) -> None:
+    """Seed torch's CPU generator (not CUDA: ``torch.manual_seed`` costs 100 times more), Python and NumPy."""
+    torch.default_generator.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed((seed ^ (seed >> 32)) & 0xFFFFFFFF)
+
+
+@contextlib.contextmanager
+def _main_process_rngs_kept() -> Iterator[None]:
+    """In the main process, torch's CPU, Python's and NumPy's global RNGs restored on exit; in a worker,
+    nothing (every sample reseeds them, so what is left there is never used)."""
+    if get_worker_info() is not None:
+        yield
+        return
+    with _global_rngs_restored():
+        yield
+
+
+@contextlib.contextmanager
+def _global_rngs_restored() -> Iterator[None]:
+    """torch's CPU, Python's and NumPy's global RNG states put back on exit."""
+    saved = random.getstate(), np.random.get_state(), torch.default_generator.get_state()
+    try:
+        yield
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+        torch.default_generator.set_state(saved[2])
 
 
 class SeededBatchSampler:
@@ -267,16 +447,11 @@ class SeededBatchSampler:
 def _seeded_global_rngs(seed: int, epoch: int) -> Iterator[None]:
     """torch's CPU, Python's and NumPy's global RNGs seeded from ``(seed, epoch)``, then restored."""
     derived = int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
-    saved = random.getstate(), np.random.get_state(), torch.default_generator.get_state()
-    random.seed(derived)
-    np.random.seed(derived)
-    torch.default_generator.manual_seed(derived)
-    try:
+    with _global_rngs_restored():
+        random.seed(derived)
+        np.random.seed(derived)
+        torch.default_generator.manual_seed(derived)
         yield
-    finally:
-        random.setstate(saved[0])
-        np.random.set_state(saved[1])
-        torch.default_generator.set_state(saved[2])
 
 
 def _plain_index(index: Any) -> Any:

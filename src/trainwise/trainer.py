@@ -45,8 +45,8 @@ from trainwise.distributed import (
 from trainwise.early_stopping import EarlyStopping, best_epoch, metric_mode
 from trainwise.errors import NonFiniteLossError, TrainwiseError
 from trainwise.evaluation import evaluate
-from trainwise.freezing import unfreeze_into
-from trainwise.guards import NonFiniteLossGuard, check_finite_everywhere
+from trainwise.freezing import pin_frozen_norm_layers, unfreeze_into
+from trainwise.guards.loss import NonFiniteLossGuard, check_finite_everywhere
 from trainwise.metrics import Mean, MetricSet
 from trainwise.optimizers import OptimizerArg, build_optimizer, build_scheduler
 from trainwise.plots import PLOT_HINT, plot_learning_curves
@@ -108,6 +108,7 @@ class Trainer:
         min_delta: float = 0.0,
         keep_best: Literal["memory", "disk"] = "memory",
         diagnose: bool = True,
+        train_norm_stats: bool = False,
         plot: bool = True,
         resume: str | None = None,
         resume_mismatch: Literal["refuse", "allow"] = "refuse",
@@ -156,26 +157,12 @@ class Trainer:
             close_distributed(self._dist)  # only a process group this fit created
             self._dist = DistributedInfo()
 
-    def _start(self, model: torch.nn.Module, train_data: Any, val_data: Any) -> _Run:
-        """Device, processes, model, optimizer, data, accumulator; then the run folder and the resume."""
+    def _start(self, model: Any, train_data: Any, val_data: Any) -> _Run:
+        """Model, optimizer, data, accumulator; then the run folder and the resume."""
         cfg = self.config
         started = time.perf_counter()
-        seed_everything(cfg.seed, deterministic=cfg.deterministic)
-        built_here = not isinstance(model, torch.nn.Module)
-        model = _build_model(model) if built_here else model
-        device = resolve_device(cfg.device).device
-        if cfg.distributed != "off":  # under torchrun: join the process group (a no-op for one process)
-            self._dist = init_distributed(local_device(device), timeout=cfg.dist_timeout)
-            device = local_device(device) if self._dist.enabled else device
+        model, device, precision, notes = self._place_model(model)
         sharded = self._dist.enabled and cfg.distributed == "fsdp"
-        if self._dist.enabled and cfg.unfreeze_at:  # DDP and FSDP fix the trainable parameters when they wrap
-            raise TrainwiseError(
-                "unfreeze_at is not supported with several processes; run each unfreezing phase as its own fit()."
-            )
-        precision = resolve_precision(cfg.precision, device)
-        model.to(device)
-        if sharded:
-            shard_model(model)  # FSDP2, in place, before the optimizer sees the parameters
         optimizer = build_optimizer(model, self.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                     lr_by_pattern=cfg.lr_by_pattern)
         scheduler = build_scheduler(self.scheduler, optimizer)
@@ -214,11 +201,42 @@ class Trainer:
         run.facts = run_facts(model=model, optimizer=optimizer, scheduler=scheduler, loader=train_loader,
                               window=accumulator.steps, precision=precision.name, world_size=self._dist.world_size)
         self._open_run_folder(run)
-        if not built_here:
-            run.log.write({"kind": "note", "message": "the model was built before fit(), so its initial weights come "
-                           "from the caller's RNG; pass a function that builds it for weights set by seed."})
+        for note in notes:
+            if "norm_layers" in note:
+                run.progress.message(note["message"])
+            run.log.write({"kind": "note", **note})
         self._resume(run)
         return run
+
+    def _place_model(self, model: Any) -> tuple[torch.nn.Module, torch.device, Any, list[dict[str, Any]]]:
+        """Seed, build the model (a factory) or take it, join the processes, move it to its device, keep
+        frozen norm layers in eval, shard it (FSDP); the notes say what the log should know."""
+        cfg, notes = self.config, []
+        seed_everything(cfg.seed, deterministic=cfg.deterministic)
+        if isinstance(model, torch.nn.Module):
+            notes.append({"message": "the model was built before fit(), so its initial weights come from the "
+                          "caller's RNG; pass a function that builds it for weights set by seed."})
+        else:
+            model = _build_model(model)
+        device = resolve_device(cfg.device).device
+        if cfg.distributed != "off":  # under torchrun: join the process group (a no-op for one process)
+            self._dist = init_distributed(local_device(device), timeout=cfg.dist_timeout)
+            device = local_device(device) if self._dist.enabled else device
+        if self._dist.enabled and cfg.unfreeze_at:  # DDP and FSDP fix the trainable parameters when they wrap
+            raise TrainwiseError(
+                "unfreeze_at is not supported with several processes; run each unfreezing phase as its own fit()."
+            )
+        model.to(device)
+        # requires_grad_(False) alone leaves BatchNorm updating its statistics in train mode: pinned in eval
+        pinned = [] if cfg.train_norm_stats else pin_frozen_norm_layers(model)
+        if pinned:
+            names = ", ".join(pinned[:3]) + (", ..." if len(pinned) > 3 else "")
+            notes.append({"message": f"kept {len(pinned)} norm layer(s) whose parameters are frozen in eval mode "
+                          f"({names}); pass train_norm_stats=True to let them update their running statistics.",
+                          "norm_layers": pinned})
+        if self._dist.enabled and cfg.distributed == "fsdp":
+            shard_model(model)  # FSDP2, in place, before the optimizer sees the parameters
+        return model, device, resolve_precision(cfg.precision, device), notes
 
     def _open_run_folder(self, run: _Run) -> None:
         """Name, lock and log the run folder (rank 0 writes), and make the progress, stopper and checkpoints."""

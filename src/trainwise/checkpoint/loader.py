@@ -9,11 +9,19 @@ epoch-start states, replays the sampler's draws and skips the indices of the bat
 without loading them, so the remaining batches are bitwise the ones the uninterrupted run would have seen,
 with any ``num_workers``. After that epoch the generators are where the uninterrupted run left them.
 
-Not resumed exactly: randomness drawn *inside* worker processes (random augmentations using the worker's
-RNG) after a mid-epoch resume, because which worker loads which batch, and what it drew before, changes.
-Make such augmentations depend on the sample index and epoch if they must resume bit for bit. Datasets
-without ``__getitem__`` (iterable datasets, plain iterables of batches) are resumed by reading and
-discarding the batches already seen, which is exact only if their iteration order is deterministic.
+Random augmentation in ``__getitem__`` resumes exactly too, at epoch boundaries and mid-epoch, with
+persistent workers and even with another ``num_workers``, for loaders built by ``seeded_loader`` (or
+``prepare_loader`` from a shuffled or sequential DataLoader): each sample is loaded with torch's CPU,
+Python's and NumPy's global RNGs seeded from (seed, epoch, position in the epoch), the epoch being read from
+the sampler generator's state that is checkpointed here (``trainwise.seeding.seeded_sampling``).
+
+Not resumed exactly: with any other loader (its own sampler or batch sampler, a plain DataLoader), randomness
+drawn *inside* worker processes after a resume, because each worker's stream goes on from what it drew
+before (persistent workers keep it across epochs) and which worker loads which batch changes; RNG objects a
+dataset holds itself (``np.random.default_rng``, ``random.Random``, a ``torch.Generator``) and CUDA's RNG, in
+any loader. Datasets without ``__getitem__`` (iterable datasets, plain iterables of batches) are resumed by
+reading and discarding the batches already seen, which is exact only if their iteration order is
+deterministic.
 """
 
 from __future__ import annotations

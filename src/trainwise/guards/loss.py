@@ -1,4 +1,4 @@
-"""Runtime guards: checks made while training runs, without a host sync per step."""
+"""The non-finite loss guard and the optimizer-coverage check: run-time checks without a host sync per step."""
 
 from __future__ import annotations
 

@@ -1,0 +1,241 @@
+"""The runtime guard: hooks on a model and an optimizer that report the doctor's mistakes while a loop runs.
+
+One ``Guard`` installs four hooks (before and after the model's forward, before and after the optimizer's
+step) and passes each event to the checks that want it; every check is a class in this package, one file per
+code (``tw102_graph_kept.py``...). Checks never synchronise with the device per step: what needs a value from
+the device is gathered there and read in ``on_check``, every ``check_every`` optimizer steps and at ``close``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from trainwise.errors import TrainwiseError
+
+Action = Literal["warn", "raise"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardFinding:
+    """One mistake seen at run time: the doctor's code, the optimizer step, where (a module or parameter
+    name, or a batch field) and one sentence naming the fix."""
+
+    code: str
+    step: int
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        place = f" ({self.where})" if self.where else ""
+        return f"{self.code} at step {self.step}{place}: {self.message} (trainwise doctor --explain {self.code})"
+
+
+class GuardWarning(UserWarning):
+    """A runtime guard's finding, as a warning: ``.code``, ``.step``, ``.where``, ``.finding``."""
+
+    def __init__(self, finding: GuardFinding) -> None:
+        super().__init__(str(finding))
+        self.finding = finding
+        self.code, self.step, self.where = finding.code, finding.step, finding.where
+
+
+class GuardError(TrainwiseError):
+    """A runtime guard's finding with ``action="raise"``: ``.code``, ``.step``, ``.where``, ``.finding``."""
+
+    def __init__(self, finding: GuardFinding) -> None:
+        super().__init__(str(finding))
+        self.finding = finding
+        self.code, self.step, self.where = finding.code, finding.step, finding.where
+
+
+class Check:
+    """One code's runtime check. Subclasses set ``code`` and override the events they need; the guard calls
+    only the overridden ones. ``after_forward`` may return a replacement for the model's output (or None)."""
+
+    code: ClassVar[str] = ""
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+
+    def on_install(self) -> None:
+        """Once, when the guard starts (the model and optimizer as they are now)."""
+
+    def before_forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Before each forward of the guarded model (not of its submodules)."""
+
+    def after_forward(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> Any:
+        """After each forward of the guarded model; return a replacement output, or None to keep it."""
+        return None
+
+    def before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Before each ``optimizer.step()`` (``guard.step`` is the number of steps taken so far)."""
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """After each ``optimizer.step()`` (``guard.step`` already counts it)."""
+
+    def on_check(self) -> None:
+        """Every ``check_every`` steps and at ``close``: where a check may read values from the device."""
+
+    def close(self) -> None:
+        """Drop whatever the check holds (hooks of its own, references)."""
+
+
+class Guard:
+    """Runtime checks on ``model`` (and ``optimizer``), reported once per code and place.
+
+    >>> with trainwise.guard(model, optimizer):         # or guard = trainwise.guard(...); ...; guard.close()
+    ...     for batch in loader: ...                   # any loop: hand-written, Lightning, Accelerate
+    >>> guard.findings                                 # [GuardFinding(code="TW105", step=3, ...), ...]
+
+    ``action="warn"`` issues a :class:`GuardWarning` per finding, ``"raise"`` raises a :class:`GuardError`;
+    ``on_finding`` (the Trainer's log) is called with each finding as well. ``checks`` restricts the codes.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        action: Action = "warn",
+        check_every: int = 50,
+        checks: list[str] | None = None,
+        on_finding: Callable[[GuardFinding], None] | None = None,
+    ) -> None:
+        from trainwise.guards.registry import check_classes
+
+        if not isinstance(model, torch.nn.Module):
+            raise TrainwiseError(f"guard() watches a torch.nn.Module, got {type(model).__name__}.")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TrainwiseError(f"guard()'s optimizer must be a torch optimizer, got {type(optimizer).__name__}.")
+        if action not in ("warn", "raise"):
+            raise TrainwiseError(f"action must be 'warn' or 'raise', got {action!r}.")
+        if not isinstance(check_every, int) or check_every < 1:
+            raise TrainwiseError(f"check_every must be a positive integer, got {check_every!r}.")
+        self.model, self.optimizer, self.action = model, optimizer, action
+        self.check_every = check_every
+        self.on_finding = on_finding
+        self.step = 0  # optimizer steps taken while guarded
+        self.findings: list[GuardFinding] = []
+        self._reported: set[tuple[str, str]] = set()
+        self._handles: list[Any] = []
+        self.checks = [cls(self) for cls in check_classes(checks)]
+        self._closed = False
+        self._install()
+
+    # -- hooks ---------------------------------------------------------------------------------------
+
+    def _install(self) -> None:
+        def wants(name: str) -> list[Any]:
+            return [getattr(c, name) for c in self.checks if getattr(type(c), name) is not getattr(Check, name)]
+
+        for check in self.checks:
+            check.on_install()
+        before_forward, after_forward = wants("before_forward"), wants("after_forward")
+        before_step, after_step = wants("before_step"), wants("after_step")
+        if before_forward:
+            def pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                for call in before_forward:
+                    call(module, args, kwargs)
+
+            self._handles.append(self.model.register_forward_pre_hook(pre, with_kwargs=True))
+        if after_forward:
+            def post(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+                replaced = None
+                for call in after_forward:
+                    result = call(module, args, kwargs, output if replaced is None else replaced)
+                    replaced = result if result is not None else replaced
+                return replaced
+
+            self._handles.append(self.model.register_forward_hook(post, with_kwargs=True))
+        if self.optimizer is not None:
+            def step_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+                for call in before_step:
+                    call(optimizer)
+
+            def step_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+                self.step += 1
+                for call in after_step:
+                    call(optimizer)
+                if self.step % self.check_every == 0:
+                    self.check_now()
+
+            self._handles.append(self.optimizer.register_step_pre_hook(step_pre))
+            self._handles.append(self.optimizer.register_step_post_hook(step_post))
+
+    # -- findings ------------------------------------------------------------------------------------
+
+    def report(self, code: str, where: str, message: str, *, step: int | None = None) -> None:
+        """Record a finding once per ``(code, where)``: warn, or raise with ``action="raise"``."""
+        if (code, where) in self._reported:
+            return
+        self._reported.add((code, where))
+        finding = GuardFinding(code=code, step=self.step if step is None else step, where=where, message=message)
+        self.findings.append(finding)
+        if self.on_finding is not None:
+            self.on_finding(finding)
+        if self.action == "raise":
+            raise GuardError(finding)
+        warnings.warn(GuardWarning(finding), stacklevel=3)
+
+    def fail(self, code: str, where: str, message: str) -> None:
+        """Record a finding and raise it as a :class:`GuardError` whatever ``action`` is: for a mistake that
+        would fail anyway (a batch on another device), said before torch's own message."""
+        finding = GuardFinding(code=code, step=self.step, where=where, message=message)
+        if (code, where) not in self._reported:
+            self._reported.add((code, where))
+            self.findings.append(finding)
+            if self.on_finding is not None:
+                self.on_finding(finding)
+        raise GuardError(finding)
+
+    def check_now(self) -> None:
+        """Run the checks that read the device (one synchronisation); the guard does this every
+        ``check_every`` steps and at ``close``."""
+        for check in self.checks:
+            check.on_check()
+
+    def close(self) -> None:
+        """Run the last checks, then remove every hook; the model and optimizer are as before."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.check_now()
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+            for check in self.checks:
+                check.close()
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if exc[0] is not None:  # the loop failed: remove the hooks, report nothing more
+            self._closed = True
+            for handle in self._handles:
+                handle.remove()
+            for check in self.checks:
+                check.close()
+            return
+        self.close()
+
+
+def guard(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    action: Action = "warn",
+    check_every: int = 50,
+    checks: list[str] | None = None,
+) -> Guard:
+    """Watch ``model`` and ``optimizer`` for the doctor's mistakes while your loop runs (see :class:`Guard`)."""
+    return Guard(model, optimizer, action=action, check_every=check_every, checks=checks)

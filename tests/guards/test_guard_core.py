@@ -1,0 +1,74 @@
+"""The runtime guard itself: hooks in and out, one report per code and place, warn or raise."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import trainwise as tw
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def _train(model, optimizer, steps=3):
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(5, 4)).pow(2).mean().backward()
+        optimizer.step()
+
+
+def test_a_module_attribute_requires_grad_is_reported_once_with_its_name():
+    model = _model()
+    model[0].requires_grad = False  # freezes nothing
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with tw.guard(model, optimizer, check_every=1) as guard:
+            _train(model, optimizer)
+    found = [w.message for w in caught if isinstance(w.message, tw.GuardWarning)]
+    assert [(f.code, f.where) for f in guard.findings] == [("TW110", "0")]
+    assert len(found) == 1 and found[0].code == "TW110" and found[0].where == "0"
+    assert "requires_grad_(False)" in str(found[0]) and "--explain TW110" in str(found[0])
+
+
+def test_the_corrected_loop_gets_nothing():
+    model = _model()
+    model[0].requires_grad_(False)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tw.GuardWarning)
+        with tw.guard(model, optimizer) as guard:
+            _train(model, optimizer)
+    assert guard.findings == []
+
+
+def test_raise_and_unknown_codes():
+    model = _model()
+    model.requires_grad = False
+    with pytest.raises(tw.GuardError) as caught:
+        tw.guard(model, action="raise")
+    assert caught.value.code == "TW110" and caught.value.where == "(the model)"
+    with pytest.raises(tw.TrainwiseError, match="no runtime guard has code 'TW999'"):
+        tw.guard(_model(), checks=["TW999"])
+
+
+def test_closing_removes_every_hook_and_changes_nothing():
+    guarded, plain = _model(), _model()
+    opt_guarded = torch.optim.AdamW(guarded.parameters(), lr=1e-2)
+    opt_plain = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+    torch.manual_seed(1)
+    with tw.guard(guarded, opt_guarded) as guard:
+        _train(guarded, opt_guarded, steps=5)
+    torch.manual_seed(1)
+    _train(plain, opt_plain, steps=5)
+    assert guard.step == 5
+    for a, b in zip(guarded.parameters(), plain.parameters()):
+        assert torch.equal(a, b)
+    assert not guarded._forward_hooks and not guarded._forward_pre_hooks
+    assert not opt_guarded._optimizer_step_pre_hooks and not opt_guarded._optimizer_step_post_hooks
