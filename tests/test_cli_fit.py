@@ -275,3 +275,15 @@ def test_a_second_fit_into_the_same_run_folder_is_refused_and_overwrites_nothing
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.previous-")]
     assert len(aside) == 1 and (aside[0] / "fit.json").read_bytes() == before
     assert json.loads((run_dir / "fit.json").read_text())["trainer"]["lr"] == 0.01
+
+
+def test_a_refused_resume_leaves_the_run_record_alone(capsys, tiny, tmp_path):
+    _, write = tiny
+    config = write(TINY_CONFIG)
+    run_dir = tmp_path / "run"
+    code, _, err = fit(capsys, config, f"run_dir={run_dir}", "plot=false")
+    assert code == 0, err
+    before = (run_dir / "fit.json").read_bytes()
+    code, _, err = fit(capsys, config, f"run_dir={run_dir}", "plot=false", "resume=auto", "batch_size=4", "epochs=2")
+    assert code == 2 and "batch_size 8 -> 4" in err and "Traceback" not in err
+    assert (run_dir / "fit.json").read_bytes() == before

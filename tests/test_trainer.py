@@ -211,7 +211,12 @@ def test_parameter_outside_the_optimizer_is_reported(tmp_path):
     model = _mlp()
     optimizer = torch.optim.SGD(model[0].parameters(), lr=0.1)
     with pytest.warns(UnoptimizedParameterWarning, match="2 trainable parameter"):
-        _trainer(tmp_path, epochs=1, optimizer=optimizer).fit(model, _data())
+        _trainer(tmp_path, epochs=1, optimizer=optimizer, guards="off").fit(model, _data())
+    model = _mlp()
+    optimizer = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    result = _trainer(tmp_path / "guarded", epochs=1, optimizer=optimizer).fit(model, _data())  # guards on: TW107
+    found = [r for r in read_log(result.run_dir) if r["kind"] == "guard"]
+    assert [(r["code"], r["where"]) for r in found] == [("TW107", "2.weight")]
 
 
 def test_scheduler_factory_steps_per_optimizer_step(tmp_path):

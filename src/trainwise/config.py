@@ -50,6 +50,7 @@ class TrainerConfig:
     min_delta: float = 0.0  # smallest change that counts as an improvement
     keep_best: Literal["memory", "disk"] = "memory"  # where early stopping keeps the best weights
     diagnose: bool = True  # report the onset of overfitting once
+    guards: Literal["warn", "raise", "off"] = "warn"  # runtime checks of the doctor's codes (trainwise.guard)
     train_norm_stats: bool = False  # let norm layers whose parameters are all frozen update running statistics
     plot: bool = True  # learning-curve PNG in the run folder (needs matplotlib)
     resume: str | None = None  # "auto": the newest complete checkpoint in run_dir; or a checkpoint path

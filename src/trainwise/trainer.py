@@ -46,7 +46,9 @@ from trainwise.early_stopping import EarlyStopping, best_epoch, metric_mode
 from trainwise.errors import NonFiniteLossError, TrainwiseError
 from trainwise.evaluation import evaluate
 from trainwise.freezing import pin_frozen_norm_layers, unfreeze_into
+from trainwise.guards.core import Guard, GuardFinding
 from trainwise.guards.loss import NonFiniteLossGuard, check_finite_everywhere
+from trainwise.guards.registry import all_check_classes
 from trainwise.metrics import Mean, MetricSet
 from trainwise.optimizers import OptimizerArg, build_optimizer, build_scheduler
 from trainwise.plots import PLOT_HINT, plot_learning_curves
@@ -108,6 +110,7 @@ class Trainer:
         min_delta: float = 0.0,
         keep_best: Literal["memory", "disk"] = "memory",
         diagnose: bool = True,
+        guards: Literal["warn", "raise", "off"] = "warn",
         train_norm_stats: bool = False,
         plot: bool = True,
         resume: str | None = None,
@@ -164,7 +167,7 @@ class Trainer:
         model, device, precision, notes = self._place_model(model)
         sharded = self._dist.enabled and cfg.distributed == "fsdp"
         optimizer = build_optimizer(model, self.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                    lr_by_pattern=cfg.lr_by_pattern)
+                                    lr_by_pattern=cfg.lr_by_pattern, check_coverage=cfg.guards == "off")
         scheduler = build_scheduler(self.scheduler, optimizer)
         plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         loaders = {"seed": cfg.seed, "num_workers": cfg.num_workers, "device": device, "shard": self._dist.enabled}
@@ -206,7 +209,28 @@ class Trainer:
                 run.progress.message(note["message"])
             run.log.write({"kind": "note", **note})
         self._resume(run)
+        self._install_guards(run)
         return run
+
+    def _install_guards(self, run: _Run) -> None:
+        """The doctor's codes at run time (``guards``): each finding printed and logged once."""
+        cfg = self.config
+        if cfg.guards == "off":
+            return
+
+        def found(finding: GuardFinding) -> None:
+            run.progress.message(f"guard: {finding}")
+            run.log.write({"kind": "guard", **dataclasses.asdict(finding)})
+
+        # train_norm_stats=True: frozen norm layers update their statistics on purpose (TW108 would report them)
+        codes = [c.code for c in all_check_classes() if not (cfg.train_norm_stats and c.code == "TW108")]
+        try:
+            run.guard_hooks = Guard(run.model, run.optimizer, action="raise" if cfg.guards == "raise" else "record",
+                                    check_every=cfg.log_every, on_finding=found, checks=codes)
+        except BaseException:
+            _close(run)
+            raise
+        run.guard_hooks.step = run.accumulator.optimizer_steps
 
     def _place_model(self, model: Any) -> tuple[torch.nn.Module, torch.device, Any, list[dict[str, Any]]]:
         """Seed, build the model (a factory) or take it, join the processes, move it to its device, keep
@@ -473,7 +497,7 @@ class Trainer:
                 )
             except ImportError:
                 run.progress.message(PLOT_HINT)
-        _close(run)
+        _close(run, check=outcome.stopped == "completed")  # the guards' last check, then every hook removed
         return FitResult(
             history=history, run_dir=run.run_dir, steps=run.accumulator.optimizer_steps,
             seconds=time.perf_counter() - run.started, stopped=outcome.stopped, device=str(run.device),
@@ -553,6 +577,7 @@ class _Run:
     )
     outcome: _Outcome = dataclasses.field(default_factory=_Outcome)
     facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what a checkpoint records of the run
+    guard_hooks: Guard | None = None  # the runtime guards (guards="warn" or "raise")
 
 
 def _build_model(factory: Callable[[], Any]) -> torch.nn.Module:
@@ -564,8 +589,12 @@ def _build_model(factory: Callable[[], Any]) -> torch.nn.Module:
     return model
 
 
-def _close(run: _Run) -> None:
-    if run.progress is not None:
-        run.progress.close()
-    if run.log is not None:
-        run.log.close()
+def _close(run: _Run, *, check: bool = False) -> None:
+    try:
+        if run.guard_hooks is not None:
+            run.guard_hooks.close(check=check)
+    finally:
+        if run.progress is not None:
+            run.progress.close()
+        if run.log is not None:
+            run.log.close()

@@ -50,6 +50,8 @@ def _worker(rank: int, port: int, out: str) -> None:
         accumulator.step()
         if rank == 0:
             torch.save(optimizer.grads, out)
+        del model, optimizer, accumulator  # DDP's reducer goes before its process group (a teardown SIGABRT)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -6,6 +6,7 @@ backward ran inside no_sync(): each process stepped on its own gradients and the
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 
@@ -114,6 +115,9 @@ def _unequal_worker(rank: int, port: int, folder: str, counts: tuple[int, int], 
             outcome = f"{type(exc).__name__}: {exc}"
         with open(os.path.join(folder, f"rank{rank}.txt"), "w") as f:
             f.write(outcome)
+        del trainer
+        gc.collect()  # the DDP wrapper and its reducer go before the process group (a teardown SIGABRT)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -381,7 +381,8 @@ def train(config: FitConfig) -> dict[str, Any]:
     run_dir = Path(config.trainer.run_dir or "")
     # refused (or moved aside) before fit.json is written over another run's
     prepare_run_folder(run_dir, resume=config.trainer.resume, overwrite=config.trainer.overwrite)
-    atomic_write_json(run_dir / "fit.json", config.to_dict())
+    if not (config.trainer.resume and (run_dir / "fit.json").exists()):  # a resume keeps the run's own record
+        atomic_write_json(run_dir / "fit.json", config.to_dict())
     result = trainer.fit(model, train_data, val_data)
     last = result.last
     return {

@@ -97,6 +97,7 @@ class Rule:
     fix_availability: ClassVar[FixAvailability] = FixAvailability.NONE
     fix_safe: ClassVar[bool] = True  # default safety of its fixes
     default_enabled: ClassVar[bool] = True  # 4xx (performance) rules are off unless selected
+    runtime_only: ClassVar[bool] = False  # found only by trainwise.guard while a run goes (documented here)
 
     def __init__(self, ctx: Context, sink: list[Finding]) -> None:
         self.ctx = ctx

@@ -17,7 +17,7 @@ import torch
 
 from trainwise.errors import TrainwiseError
 
-Action = Literal["warn", "raise"]
+Action = Literal["warn", "raise", "record"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +81,8 @@ class Check:
         """After each ``optimizer.step()`` (``guard.step`` already counts it)."""
 
     def on_check(self) -> None:
-        """Every ``check_every`` steps and at ``close``: where a check may read values from the device."""
+        """Every ``check_every`` steps and at ``close`` (``guard.closing``): where a check may read values
+        from the device."""
 
     def close(self) -> None:
         """Drop whatever the check holds (hooks of its own, references)."""
@@ -94,8 +95,9 @@ class Guard:
     ...     for batch in loader: ...                   # any loop: hand-written, Lightning, Accelerate
     >>> guard.findings                                 # [GuardFinding(code="TW105", step=3, ...), ...]
 
-    ``action="warn"`` issues a :class:`GuardWarning` per finding, ``"raise"`` raises a :class:`GuardError`;
-    ``on_finding`` (the Trainer's log) is called with each finding as well. ``checks`` restricts the codes.
+    ``action="warn"`` issues a :class:`GuardWarning` per finding, ``"raise"`` raises a :class:`GuardError`,
+    ``"record"`` only lists it in ``findings``; ``on_finding`` (the Trainer's log) is called with each finding
+    as well. ``checks`` restricts the codes.
     """
 
     def __init__(
@@ -114,8 +116,8 @@ class Guard:
             raise TrainwiseError(f"guard() watches a torch.nn.Module, got {type(model).__name__}.")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TrainwiseError(f"guard()'s optimizer must be a torch optimizer, got {type(optimizer).__name__}.")
-        if action not in ("warn", "raise"):
-            raise TrainwiseError(f"action must be 'warn' or 'raise', got {action!r}.")
+        if action not in ("warn", "raise", "record"):
+            raise TrainwiseError(f"action must be 'warn', 'raise' or 'record', got {action!r}.")
         if not isinstance(check_every, int) or check_every < 1:
             raise TrainwiseError(f"check_every must be a positive integer, got {check_every!r}.")
         self.model, self.optimizer, self.action = model, optimizer, action
@@ -127,6 +129,7 @@ class Guard:
         self._handles: list[Any] = []
         self.checks = [cls(self) for cls in check_classes(checks)]
         self._closed = False
+        self.closing = False  # True during the last on_check (at close)
         self._install()
 
     # -- hooks ---------------------------------------------------------------------------------------
@@ -182,7 +185,8 @@ class Guard:
             self.on_finding(finding)
         if self.action == "raise":
             raise GuardError(finding)
-        warnings.warn(GuardWarning(finding), stacklevel=3)
+        if self.action == "warn":
+            warnings.warn(GuardWarning(finding), stacklevel=3)
 
     def fail(self, code: str, where: str, message: str) -> None:
         """Record a finding and raise it as a :class:`GuardError` whatever ``action`` is: for a mistake that
@@ -201,32 +205,27 @@ class Guard:
         for check in self.checks:
             check.on_check()
 
-    def close(self) -> None:
-        """Run the last checks, then remove every hook; the model and optimizer are as before."""
+    def close(self, *, check: bool = True) -> None:
+        """Run the last checks (unless ``check=False``), then remove every hook; the model and optimizer are
+        as before."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = self.closing = True
         try:
-            self.check_now()
+            if check:
+                self.check_now()
         finally:
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
-            for check in self.checks:
-                check.close()
+            for item in self.checks:
+                item.close()
 
     def __enter__(self) -> Guard:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if exc[0] is not None:  # the loop failed: remove the hooks, report nothing more
-            self._closed = True
-            for handle in self._handles:
-                handle.remove()
-            for check in self.checks:
-                check.close()
-            return
-        self.close()
+        self.close(check=exc[0] is None)  # after a failure: the hooks removed, nothing more reported
 
 
 def guard(

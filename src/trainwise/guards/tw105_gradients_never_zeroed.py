@@ -1,0 +1,74 @@
+"""TW105 at run time: an optimizer step whose gradients still hold those of the previous step."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from trainwise.guards.core import Check
+
+_WATCHED = 4  # parameters whose gradient tensors are followed from one step to the next
+
+
+class GradientsNeverZeroed(Check):
+    """No ``zero_grad()`` between two steps and the same gradient tensors as after the last step: ``backward()``
+    added to them, so the step applies every earlier batch's gradient again.
+
+    ``optimizer.zero_grad`` and ``model.zero_grad`` are wrapped (instance attributes, removed at ``close``) to
+    note that zeroing happened; ``p.grad = None`` by hand replaces the tensors, which weak references notice.
+    """
+
+    code = "TW105"
+
+    def on_install(self) -> None:
+        self._zeroed = False
+        self._done = False
+        self._last: list[tuple[torch.Tensor, weakref.ref[torch.Tensor]]] = []
+        self._saved: list[tuple[Any, Any]] = []  # (owner, its own zero_grad attribute or None) to restore
+        optimizer = self.guard.optimizer
+        if optimizer is None:
+            self._watched: list[torch.Tensor] = []
+            return
+        self._watched = [p for group in optimizer.param_groups for p in group["params"]][:_WATCHED]
+        for owner in (optimizer, self.guard.model):
+            self._wrap(owner)
+
+    def _wrap(self, owner: Any) -> None:
+        own = vars(owner).get("zero_grad")
+        original: Callable[..., Any] = owner.zero_grad
+
+        def zero_grad(*args: Any, **kwargs: Any) -> Any:
+            self._zeroed = True
+            return original(*args, **kwargs)
+
+        self._saved.append((owner, own))
+        object.__setattr__(owner, "zero_grad", zero_grad)
+
+    def before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._zeroed or self._done or not self._last:
+            self._zeroed = False
+            return
+        if all(p.grad is ref() for p, ref in self._last):
+            self._done = True
+            self.guard.report(
+                self.code, type(optimizer).__name__,
+                "no zero_grad() ran since the last step and backward() added to the same gradients, so this step "
+                "applies every earlier batch's gradient again; call optimizer.zero_grad(set_to_none=True) once "
+                "per step, before backward() or after step().",
+            )
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._done:
+            self._last = [(p, weakref.ref(g)) for p in self._watched if (g := p.grad) is not None]
+
+    def close(self) -> None:
+        for owner, own in self._saved:
+            if own is None:
+                vars(owner).pop("zero_grad", None)
+            else:
+                object.__setattr__(owner, "zero_grad", own)
+        self._saved.clear()
+        self._last.clear()

@@ -1,0 +1,62 @@
+"""TW109 at run time: an optimizer step after a backward through a float16 autocast forward, with no GradScaler."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+from trainwise.guards.core import Check
+
+_DEVICE_TYPES = ("cuda", "cpu")
+_MAX_DEPTH = 16  # frames searched above the step hook: scaler.step -> _maybe_opt_step -> optimizer wrappers
+
+
+def called_from_grad_scaler() -> bool:
+    """Whether an enabled ``GradScaler.step`` (any subclass: ``torch.amp``, ``torch.cuda.amp``, FSDP's
+    ``ShardedGradScaler``) is on the call stack; a few frame reads, so call it only when it matters."""
+    frame = sys._getframe(1)
+    for _ in range(_MAX_DEPTH):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name in ("step", "_maybe_opt_step") and "grad_scaler" in code.co_filename:
+            scaler = frame.f_locals.get("self")
+            return bool(getattr(scaler, "_enabled", True))
+        frame = frame.f_back
+    return False
+
+
+def _float16_autocast() -> bool:
+    """Whether autocast is on with float16 for CUDA or the CPU right now."""
+    for device_type in _DEVICE_TYPES:
+        if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) is torch.float16:
+            return True
+    return False
+
+
+class Float16WithoutScaler(Check):
+    """A step whose gradients came through a float16 autocast forward, not taken by ``GradScaler.step``:
+    the forward notes autocast's dtype (two C calls), the step looks for a scaler on the stack only then."""
+
+    code = "TW109"
+
+    def on_install(self) -> None:
+        self._fp16 = False  # the last forward with grad enabled ran under float16 autocast
+        self._done = False
+
+    def before_forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if torch.is_grad_enabled():  # evaluation under no_grad does not decide what the step applies
+            self._fp16 = _float16_autocast()
+
+    def before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._fp16 or self._done or called_from_grad_scaler():
+            return
+        self._done = True
+        self.guard.report(
+            self.code, type(optimizer).__name__,
+            "the gradients come from a float16 autocast forward but no GradScaler scales the loss, so small "
+            "gradients underflow to zero; use scaler = torch.amp.GradScaler() with scaler.scale(loss).backward() "
+            "and scaler.step(optimizer), or autocast with dtype=torch.bfloat16.",
+        )

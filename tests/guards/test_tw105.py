@@ -1,0 +1,122 @@
+"""TW105 at run time: a step whose gradients still hold the previous step's, and loops that zero correctly."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import trainwise
+
+
+def _setup(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, list[tuple[torch.Tensor, torch.Tensor]]]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = [(torch.randn(16, 4), torch.randn(16, 1)) for _ in range(6)]
+    return model, optimizer, batches
+
+
+def _loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def _silent(loop) -> list[trainwise.GuardFinding]:
+    model, optimizer, batches = _setup()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", trainwise.GuardWarning)
+        with trainwise.guard(model, optimizer, checks=["TW105"], check_every=2) as guard:
+            loop(model, optimizer, batches)
+    assert guard.step > 0  # the optimizer stepped under the guard
+    return guard.findings
+
+
+def test_loop_without_zero_grad_is_reported_once():
+    model, optimizer, batches = _setup()
+    with (
+        pytest.warns(trainwise.GuardWarning, match="TW105") as caught,
+        trainwise.guard(model, optimizer, checks=["TW105"], check_every=2) as guard,
+    ):
+        for batch in batches:
+            _loss(model, batch).backward()
+            optimizer.step()
+    assert [(f.code, f.where, f.step) for f in guard.findings] == [("TW105", "SGD", 1)]
+    assert "zero_grad" in guard.findings[0].message
+    assert len([w for w in caught if issubclass(w.category, trainwise.GuardWarning)]) == 1
+
+
+def test_raise_action_raises_guard_error():
+    model, optimizer, batches = _setup()
+    with (
+        pytest.raises(trainwise.GuardError) as error,
+        trainwise.guard(model, optimizer, action="raise", checks=["TW105"]),
+    ):
+        for batch in batches:
+            _loss(model, batch).backward()
+            optimizer.step()
+    assert error.value.code == "TW105"
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_zero_grad_every_step_is_silent(set_to_none):
+    def loop(model, optimizer, batches):
+        for batch in batches:
+            optimizer.zero_grad(set_to_none=set_to_none)
+            _loss(model, batch).backward()
+            optimizer.step()
+
+    assert _silent(loop) == []
+
+
+def test_model_zero_grad_is_silent():
+    def loop(model, optimizer, batches):
+        for batch in batches:
+            model.zero_grad(set_to_none=False)
+            _loss(model, batch).backward()
+            optimizer.step()
+
+    assert _silent(loop) == []
+
+
+def test_accumulation_with_zero_grad_after_step_is_silent():
+    def loop(model, optimizer, batches):
+        for i, batch in enumerate(batches, start=1):
+            (_loss(model, batch) / 3).backward()
+            if i % 3 == 0:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=False)
+
+    assert _silent(loop) == []
+
+
+def test_grad_set_to_none_by_hand_is_silent():
+    def loop(model, optimizer, batches):
+        for batch in batches:
+            _loss(model, batch).backward()
+            optimizer.step()
+            for p in model.parameters():
+                p.grad = None
+
+    assert _silent(loop) == []
+
+
+def test_gradient_accumulator_is_silent():
+    def loop(model, optimizer, batches):
+        accumulator = trainwise.GradientAccumulator(optimizer, steps=2)
+        for batch in batches:
+            accumulator.backward(_loss(model, batch), count=len(batch[0]))
+            if accumulator.window_full:
+                accumulator.step()
+
+    assert _silent(loop) == []
+
+
+def test_close_restores_zero_grad():
+    model, optimizer, _ = _setup()
+    guard = trainwise.guard(model, optimizer, checks=["TW105"])
+    assert "zero_grad" in vars(optimizer) and "zero_grad" in vars(model)
+    guard.close()
+    assert "zero_grad" not in vars(optimizer) and "zero_grad" not in vars(model)
+    assert optimizer.zero_grad.__func__ is torch.optim.SGD.zero_grad

@@ -1,0 +1,118 @@
+"""TW113: the first parameter whose gradient was inf or NaN when the optimizer stepped, and that step."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import trainwise
+
+
+class Gain(torch.nn.Module):
+    """Multiplies by sqrt(|value|): a value of zero gets a NaN gradient, its inputs a zero one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.value = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.value.abs().sqrt()
+
+
+class Gained(torch.nn.Module):
+    """A linear layer, maybe an unused one (no gradients), and a gain: ``gain.value`` is the last parameter."""
+
+    def __init__(self, unused: bool = True) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(4, 1)
+        self.unused = torch.nn.Linear(1, 1) if unused else None
+        self.gain = Gain()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gain(self.body(x))
+
+
+def _batches(n: int = 6) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    torch.manual_seed(0)
+    return [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(n)]
+
+
+def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, zero_gain_at: int | None = None) -> None:
+    for step, (x, y) in enumerate(_batches(), start=1):
+        if step == zero_gain_at:
+            with torch.no_grad():
+                model.gain.value.zero_()  # what a bad update or initialisation would do
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("unused", [True, False], ids=["some-without-grad", "all-with-grad"])
+def test_first_nonfinite_parameter_and_step_are_reported_once(unused):
+    torch.manual_seed(0)
+    model = Gained(unused)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with (
+        pytest.warns(trainwise.GuardWarning, match="TW113") as caught,
+        trainwise.guard(model, optimizer, checks=["TW113"], check_every=2) as guard,
+    ):
+        _train(model, optimizer, zero_gain_at=3)
+    assert [(f.code, f.where, f.step) for f in guard.findings] == [("TW113", "gain.value", 3)]
+    assert "at step 3" in guard.findings[0].message
+    assert len([w for w in caught if issubclass(w.category, trainwise.GuardWarning)]) == 1
+    assert not torch.isfinite(model.gain.value).all()  # the step did apply it
+
+
+def test_raise_action_raises_guard_error_at_the_check():
+    torch.manual_seed(0)
+    model = Gained()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    with (
+        pytest.raises(trainwise.GuardError) as error,
+        trainwise.guard(model, optimizer, action="raise", checks=["TW113"], check_every=4),
+    ):
+        _train(model, optimizer, zero_gain_at=2)
+    assert (error.value.code, error.value.where, error.value.step) == ("TW113", "gain.value", 2)
+
+
+def test_finite_training_is_silent():
+    torch.manual_seed(0)
+    model = Gained()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", trainwise.GuardWarning)
+        with trainwise.guard(model, optimizer, checks=["TW113"], check_every=2) as guard:
+            _train(model, optimizer)
+    assert guard.step == 6 and guard.findings == []
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
+def test_grad_scaler_overflow_steps_are_silent(fused):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)  # overflows at first: the scaler backs off
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", trainwise.GuardWarning)
+        with trainwise.guard(model, optimizer, checks=["TW113"], check_every=2) as guard:
+            for x, y in _batches():
+                optimizer.zero_grad()
+                with torch.autocast("cpu", dtype=torch.float16):
+                    out = model(x)
+                scaler.scale(torch.nn.functional.mse_loss(out.float(), y)).backward()
+                scaler.step(optimizer)
+                scaler.update()
+    assert scaler.get_scale() < 2.0**40  # some steps overflowed
+    assert guard.findings == []
+    assert torch.isfinite(torch.cat([p.detach().flatten() for p in model.parameters()])).all()
+
+
+def test_doctor_explains_tw113(capsys):
+    from trainwise.cli import main
+
+    assert main(["doctor", "--explain", "tw113"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# TW113 nonfinite-gradient")
+    assert "trainwise.guard" in out and "## Use instead" in out
