@@ -120,3 +120,19 @@ def test_close_restores_zero_grad():
     guard.close()
     assert "zero_grad" not in vars(optimizer) and "zero_grad" not in vars(model)
     assert optimizer.zero_grad.__func__ is torch.optim.SGD.zero_grad
+
+
+def test_a_deep_copy_of_a_guarded_model_zeroes_only_its_own_gradients():
+    """An EMA copy made while TW105 wraps zero_grad must not call the original model's zero_grad."""
+    import copy
+
+    import trainwise as tw
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tw.guard(model, optimizer, checks=["TW105"]):
+        ema = copy.deepcopy(model)
+        model(torch.randn(4, 3)).sum().backward()
+        ema(torch.randn(4, 3)).sum().backward()
+        ema.zero_grad()
+        assert model.weight.grad is not None and ema.weight.grad is None

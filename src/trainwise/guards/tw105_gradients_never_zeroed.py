@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -38,14 +39,11 @@ class GradientsNeverZeroed(Check):
 
     def _wrap(self, owner: Any) -> None:
         own = vars(owner).get("zero_grad")
-        original: Callable[..., Any] = owner.zero_grad
-
-        def zero_grad(*args: Any, **kwargs: Any) -> Any:
-            self._zeroed = True
-            return original(*args, **kwargs)
-
         self._saved.append((owner, own))
-        object.__setattr__(owner, "zero_grad", zero_grad)
+        object.__setattr__(owner, "zero_grad", _ZeroGradSpy(owner, owner.zero_grad, self))
+
+    def note_zeroed(self) -> None:
+        self._zeroed = True
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._zeroed or self._done or not self._last:
@@ -72,3 +70,23 @@ class GradientsNeverZeroed(Check):
                 object.__setattr__(owner, "zero_grad", own)
         self._saved.clear()
         self._last.clear()
+
+
+class _ZeroGradSpy:
+    """``owner.zero_grad`` that tells the check zeroing happened. A deep copy or a pickle of the owner (an EMA
+    copy of the model, ``torch.save(model)``) gets the plain method bound to the copy instead: the spy, which
+    holds the guard, never travels with it."""
+
+    def __init__(self, owner: Any, original: Callable[..., Any], check: GradientsNeverZeroed) -> None:
+        self.owner, self.original, self.check = owner, original, check
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.check.note_zeroed()
+        return self.original(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        copied = memo.get(id(self.owner), self.owner)
+        return functools.partial(type(self.owner).zero_grad, copied)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return functools.partial, (type(self.owner).zero_grad, self.owner)
