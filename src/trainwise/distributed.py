@@ -15,7 +15,7 @@ import dataclasses
 import datetime
 import hashlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,21 @@ def first_problem(problem: str | None) -> str | None:
     problems: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(problems, problem)
     return next((p for p in problems if p is not None), None)
+
+
+def run_on_main(fn: Callable[[], Any]) -> Any:
+    """``fn()`` on rank 0 only (its result there, None elsewhere); a :class:`TrainwiseError` it raises is
+    raised on every rank with the same sentence, so that all processes stop together."""
+    result, problem = None, None
+    if is_main_process():
+        try:
+            result = fn()
+        except TrainwiseError as exc:
+            problem = str(exc)
+    problem = first_problem(problem)
+    if problem is not None:
+        raise TrainwiseError(problem)
+    return result
 
 
 def barrier() -> None:

@@ -232,20 +232,10 @@ def open_run_log(run_dir: str | os.PathLike[str], *, writer: bool = True) -> Run
 def lock_run_folder(run_dir: str | os.PathLike[str]) -> RunLock:
     """Lock the run folder for this run (rank 0 under several processes); every process raises the same
     one-sentence error when it cannot, so that none goes on alone."""
-    from trainwise.distributed import broadcast_object, is_distributed, is_main_process
+    from trainwise.distributed import run_on_main
 
     lock = RunLock(run_dir)
-    problem = None
-    if is_main_process():
-        try:
-            lock.acquire()
-        except TrainwiseError as exc:
-            problem = str(exc)
-    if is_distributed():
-        problem = broadcast_object(problem)
-    if problem is not None:
-        lock.release()
-        raise TrainwiseError(problem)
+    run_on_main(lock.acquire)
     return lock
 
 
@@ -265,20 +255,12 @@ def open_run(
     """
     import time
 
-    from trainwise.distributed import broadcast_object, first_problem, is_main_process
+    from trainwise.distributed import broadcast_object, is_main_process, run_on_main
 
     folder = Path(broadcast_object(str(Path(run_dir) if run_dir else default_run_dir())))  # rank 0's clock
     lock = lock_run_folder(folder)  # one writer per run folder; checks it is writable
     try:
-        moved, problem = None, None
-        if is_main_process():
-            try:
-                moved = _make_room(folder, resume, overwrite)
-            except TrainwiseError as exc:
-                problem = str(exc)
-        problem = first_problem(problem)
-        if problem is not None:
-            raise TrainwiseError(problem)
+        moved = run_on_main(lambda: _make_room(folder, resume, overwrite))
         log = open_run_log(folder, writer=is_main_process())
         log.write({"kind": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": resume,
                    **({"previous_run_moved_to": str(moved)} if moved else {})})

@@ -32,6 +32,7 @@ from trainwise.distributed import (
     is_main_process,
     is_sharded,
     load_sharded,
+    run_on_main,
     save_sharded,
 )
 from trainwise.errors import TrainwiseError
@@ -52,13 +53,8 @@ def read_resume_checkpoint(
     """
     if not is_distributed():
         return _choose(resume, run_dir, on_skipped)
-    found, problem = None, None
-    if is_main_process():
-        try:
-            found = _choose(resume, run_dir, on_skipped)
-        except TrainwiseError as exc:
-            problem = str(exc)
-    chosen, problem = broadcast_object((None if found is None else str(found[0]), problem))
+    found = run_on_main(lambda: _choose(resume, run_dir, on_skipped))
+    chosen, problem = broadcast_object(None if found is None else str(found[0])), None
     if chosen is not None and not is_main_process():
         try:
             found = Path(chosen), read_checkpoint(chosen)

@@ -88,6 +88,31 @@ class Check:
         """Drop whatever the check holds (hooks of its own, references)."""
 
 
+class OncePerStep:
+    """When a forward-time scan is due: on the first call after each optimizer step (``rearm`` at
+    ``after_step``), or without an optimizer every ``check_every``-th call. ``ready()`` counts the call and
+    says whether the scan is due; ``fire()`` marks it done until the next step."""
+
+    def __init__(self, guard: Guard) -> None:
+        self.every = guard.check_every if guard.optimizer is None else 0
+        self.seen = 0
+        self.armed = True
+
+    def rearm(self) -> None:
+        self.armed = True
+
+    def ready(self) -> bool:
+        if self.armed:
+            return True
+        if not self.every:
+            return False
+        self.seen += 1
+        return self.seen % self.every == 0
+
+    def fire(self) -> None:
+        self.armed = False
+
+
 class Guard:
     """Runtime checks on ``model`` (and ``optimizer``), reported once per code and place.
 

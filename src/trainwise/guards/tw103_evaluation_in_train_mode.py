@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from trainwise.freezing import has_running_stats, is_pinned_eval
-from trainwise.guards.core import Check
+from trainwise.guards.core import Check, OncePerStep
 
 
 def _acts_differently(module: nn.Module) -> bool:
@@ -31,27 +31,21 @@ class EvaluationInTrainMode(Check):
     code = "TW103"
 
     def on_install(self) -> None:
-        self._every = self.guard.check_every if self.guard.optimizer is None else 0
-        self._seen = 0
-        self._armed = True
+        self._due = OncePerStep(self.guard)
         self._refresh()
 
     def on_check(self) -> None:
         self._refresh()
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self._armed = True
+        self._due.rearm()
 
     def before_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if torch.is_grad_enabled():
             return
-        if not self._armed:
-            if not self._every:
-                return
-            self._seen += 1
-            if self._seen % self._every:
-                return
-        self._armed = False
+        if not self._due.ready():
+            return
+        self._due.fire()
         self._scan()
 
     def close(self) -> None:

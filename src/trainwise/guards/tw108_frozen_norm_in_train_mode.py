@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from trainwise.freezing import has_running_stats, is_pinned_eval
-from trainwise.guards.core import Check
+from trainwise.guards.core import Check, OncePerStep
 
 
 def _deciding_params(modules: dict[str, nn.Module], name: str) -> list[nn.Parameter]:
@@ -37,9 +37,7 @@ class FrozenNormInTrainMode(Check):
     code = "TW108"
 
     def on_install(self) -> None:
-        self._every = self.guard.check_every if self.guard.optimizer is None else 0
-        self._seen = 0
-        self._armed = True
+        self._due = OncePerStep(self.guard)
         self._done: set[str] = set()
         self._refresh()
 
@@ -47,18 +45,12 @@ class FrozenNormInTrainMode(Check):
         self._refresh()
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self._armed = True
+        self._due.rearm()
 
     def before_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not self._armed:
-            if not self._every:
-                return
-            self._seen += 1
-            if self._seen % self._every:
-                return
-        if not module.training or not torch.is_grad_enabled():
+        if not self._due.ready() or not module.training or not torch.is_grad_enabled():
             return
-        self._armed = False
+        self._due.fire()
         for name, layer, params in self._frozen_layers:
             if layer.training and not is_pinned_eval(layer) and _frozen(params) and name not in self._done:
                 self._done.add(name)
