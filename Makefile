@@ -27,6 +27,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/startup.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -47,8 +47,8 @@ def test_fires_on_a_run_built_to_overfit(tmp_path):
     assert result.overfitting.gap > 1.0
     records = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert sum('"kind": "overfitting"' in line for line in records) == 1  # reported once
-    pytest.importorskip("matplotlib")
-    assert result.plot is not None and result.plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the default plot is trainwise's own SVG, drawn without matplotlib
+    assert result.plot == tmp_path / "learning_curves.svg" and "<svg" in result.plot.read_text()
 
 
 def test_silent_on_a_healthy_demo_run(tmp_path):
@@ -82,6 +82,20 @@ def test_without_matplotlib_one_line_and_training_goes_on(tmp_path, monkeypatch,
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     g = torch.Generator().manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(16, 4, generator=g), torch.randint(0, 2, (16,), generator=g))
-    result = Trainer(epochs=2, progress="lines", device="cpu", run_dir=str(tmp_path)).fit(nn.Linear(4, 2), data)
+    result = Trainer(epochs=2, progress="lines", device="cpu", run_dir=str(tmp_path / "png"),
+                     plot_format="png").fit(nn.Linear(4, 2), data)
     assert result.stopped == "completed" and result.plot is None
     assert capsys.readouterr().out.count(PLOT_HINT) == 1
+    # the default SVG needs no plotting library at all
+    result = Trainer(epochs=2, progress="lines", device="cpu", run_dir=str(tmp_path / "svg")).fit(nn.Linear(4, 2), data)
+    assert result.plot is not None and result.plot.suffix == ".svg" and PLOT_HINT not in capsys.readouterr().out
+
+
+def test_png_learning_curves_with_matplotlib(tmp_path):
+    pytest.importorskip("matplotlib")
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4, generator=g), torch.randint(0, 2, (16,), generator=g))
+    result = Trainer(epochs=2, progress="off", device="cpu", run_dir=str(tmp_path), plot_format="png").fit(
+        nn.Linear(4, 2), data, data)
+    assert result.plot == tmp_path / "learning_curves.png"
+    assert result.plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -92,3 +92,23 @@ def test_prepare_loader_seeds_each_sample_so_workers_do_not_matter():
     assert seeded_loader(part, batch_size=4, seed=0).dataset is part
     augmented = random_split(_Augmenting(), [8, 8])[0]  # a Subset: torch's __getitems__ only passes indices on
     assert isinstance(seeded_loader(augmented, batch_size=4, seed=0).dataset, SeededDataset)
+
+
+def test_determinism_restored_imports_nothing_when_nothing_changed():
+    """torch.use_deterministic_algorithms imports torch._inductor (about a second): a fit that leaves the
+    switch alone must not call it on exit, and one that changed it (warn_only too) gets it back."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from trainwise.seeding import determinism_restored\n"
+        "with determinism_restored(): pass\n"
+        "assert 'torch._inductor' not in sys.modules, 'imported torch._inductor'\n"
+        "with determinism_restored():\n"
+        "    torch.use_deterministic_algorithms(True, warn_only=True)\n"
+        "assert not torch.are_deterministic_algorithms_enabled()\n"
+        "assert not torch.is_deterministic_algorithms_warn_only_enabled()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -73,6 +73,7 @@ _EXPORTS = {
     "param_groups": "trainwise.freezing",
     "pin_frozen_norm_layers": "trainwise.freezing",
     "plot_learning_curves": "trainwise.plots",
+    "write_learning_curves_svg": "trainwise.plots",
     "prepare_loader": "trainwise.seeding",
     "read_log": "trainwise.runlog",
     "read_resume_checkpoint": "trainwise.checkpoint.training",
@@ -83,6 +84,7 @@ _EXPORTS = {
     "same_last_batch": "trainwise.distributed",
     "save_checkpoint": "trainwise.checkpoint.state",
     "save_training_checkpoint": "trainwise.checkpoint.training",
+    "finish_checkpoint_writes": "trainwise.checkpoint.training",
     "save_weights": "trainwise.checkpoint.weights",
     "seed_everything": "trainwise.seeding",
     "seed_worker": "trainwise.seeding",
@@ -145,6 +147,7 @@ __all__ = [
     "export",
     "extend_optimizer",
     "find_resume_checkpoint",
+    "finish_checkpoint_writes",
     "forward_micro_batch",
     "freeze",
     "frozen_norm_layers",
@@ -186,6 +189,7 @@ __all__ = [
     "training_loader",
     "unfreeze",
     "unwrap_model",
+    "write_learning_curves_svg",
 ]
 
 
@@ -210,6 +214,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
     from trainwise.checkpoint.manager import CheckpointManager, find_resume_checkpoint
     from trainwise.checkpoint.state import load_checkpoint, save_checkpoint
     from trainwise.checkpoint.training import (
+        finish_checkpoint_writes,
         read_resume_checkpoint,
         restore_training_checkpoint,
         save_training_checkpoint,
@@ -252,7 +257,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
     )
     from trainwise.metrics import Accuracy, Mean, MetricSet
     from trainwise.optimizers import build_optimizer
-    from trainwise.plots import plot_learning_curves
+    from trainwise.plots import plot_learning_curves, write_learning_curves_svg
     from trainwise.results import FitResult
     from trainwise.runlog import RunLock, read_log
     from trainwise.seeding import (

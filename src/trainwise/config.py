@@ -52,7 +52,8 @@ class TrainerConfig:
     diagnose: bool = True  # report the onset of overfitting once
     guards: Literal["warn", "raise", "off"] = "warn"  # runtime checks of the doctor's codes (trainwise.guard)
     train_norm_stats: bool = False  # let norm layers whose parameters are all frozen update running statistics
-    plot: bool = True  # learning-curve PNG in the run folder (needs matplotlib)
+    plot: bool = True  # learning curves in the run folder at the end of fit
+    plot_format: Literal["svg", "png"] = "svg"  # svg: trainwise's own, in milliseconds; png: matplotlib
     resume: str | None = None  # "auto": the newest complete checkpoint in run_dir; or a checkpoint path
     resume_mismatch: Literal["refuse", "allow"] = "refuse"  # a resume whose run differs: refused, or logged
     overwrite: bool = False  # a run_dir holding another run: moved aside (never deleted) instead of refused

@@ -51,13 +51,16 @@ def set_deterministic(enabled: bool) -> None:
 def determinism_restored() -> Iterator[None]:
     """Put torch's and cuDNN's determinism switches back as they were on exit (``deterministic=True`` in one
     ``fit`` holds for that fit only)."""
-    flags = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
-             torch.backends.cudnn.benchmark)
+    algorithms = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    cudnn = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(flags[0])
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[1], flags[2]
+        # only when changed: torch.use_deterministic_algorithms imports torch._inductor (about a second)
+        if (torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled()) != algorithms:
+            torch.use_deterministic_algorithms(algorithms[0], warn_only=algorithms[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
 
 
 def seed_worker(worker_id: int) -> None:

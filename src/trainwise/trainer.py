@@ -22,6 +22,7 @@ from trainwise.checkpoint.compat import FACTS_KEY, check_resume, describe, resum
 from trainwise.checkpoint.loader import ResumableLoader
 from trainwise.checkpoint.manager import CheckpointManager
 from trainwise.checkpoint.training import (
+    finish_checkpoint_writes,
     read_resume_checkpoint,
     restore_training_checkpoint,
     save_training_checkpoint,
@@ -51,7 +52,7 @@ from trainwise.guards.loss import NonFiniteLossGuard, check_finite_everywhere
 from trainwise.guards.registry import all_check_classes
 from trainwise.metrics import Mean, MetricSet
 from trainwise.optimizers import OptimizerArg, build_optimizer, build_scheduler
-from trainwise.plots import PLOT_HINT, plot_learning_curves
+from trainwise.plots import PLOT_HINT, plot_learning_curves, write_learning_curves_svg
 from trainwise.progress import PlainProgress, make_progress
 from trainwise.results import FitResult
 from trainwise.runlog import RunLock, open_run
@@ -113,6 +114,7 @@ class Trainer:
         guards: Literal["warn", "raise", "off"] = "warn",
         train_norm_stats: bool = False,
         plot: bool = True,
+        plot_format: Literal["svg", "png"] = "svg",
         resume: str | None = None,
         resume_mismatch: Literal["refuse", "allow"] = "refuse",
         overwrite: bool = False,
@@ -355,7 +357,7 @@ class Trainer:
             exc.result = self._finish(run, restore_best=False)  # type: ignore[attr-defined]
             raise
         except BaseException:
-            _close(run)
+            _close(run, failing=True)
             raise
         return self._finish(run)
 
@@ -478,7 +480,8 @@ class Trainer:
         if self.config.nonfinite == "stop":
             check_finite_everywhere(run.guard, run.accumulator.optimizer_steps)
         save_training_checkpoint(run.manager, run.resumable, step=run.accumulator.optimizer_steps, metric=metric,
-                                 config={**self.config.to_dict(), FACTS_KEY: run.facts}, run_dir=run.run_dir)
+                                 config={**self.config.to_dict(), FACTS_KEY: run.facts}, run_dir=run.run_dir,
+                                 background=True)  # fsync and pruning overlap the next epoch
 
     def _finish(self, run: _Run, *, restore_best: bool = True) -> FitResult:
         """Restore the best weights (early stopping), find the best epoch, draw the curves, build the result."""
@@ -490,13 +493,15 @@ class Trainer:
                 run.progress.message(f"restored the weights of epoch {best} ({cfg.monitor} {value:.6g}).")
         plot = None
         if cfg.plot and history and self._dist.is_main:
-            try:
-                plot = plot_learning_curves(
-                    history, run.run_dir / "learning_curves.png", monitor=cfg.monitor, best_epoch=best,
-                    overfitting_epoch=outcome.overfitting.onset_epoch if outcome.overfitting else None,
-                )
-            except ImportError:
-                run.progress.message(PLOT_HINT)
+            curves = {"history": history, "monitor": cfg.monitor, "best_epoch": best,
+                      "overfitting_epoch": outcome.overfitting.onset_epoch if outcome.overfitting else None}
+            if cfg.plot_format == "svg":  # no plotting library: a few milliseconds
+                plot = write_learning_curves_svg(path=run.run_dir / "learning_curves.svg", **curves)
+            else:
+                try:
+                    plot = plot_learning_curves(path=run.run_dir / "learning_curves.png", **curves)
+                except ImportError:
+                    run.progress.message(PLOT_HINT)
         _close(run, check=outcome.stopped == "completed")  # the guards' last check, then every hook removed
         return FitResult(
             history=history, run_dir=run.run_dir, steps=run.accumulator.optimizer_steps,
@@ -589,10 +594,20 @@ def _build_model(factory: Callable[[], Any]) -> torch.nn.Module:
     return model
 
 
-def _close(run: _Run, *, check: bool = False) -> None:
+def _close(run: _Run, *, check: bool = False, failing: bool = False) -> None:
+    """Finish the last checkpoint write, remove the guards, close the progress display and the log; while
+    another error propagates (``failing``), a failed checkpoint write is reported, not raised over it."""
     try:
-        if run.guard_hooks is not None:
-            run.guard_hooks.close(check=check)
+        try:
+            finish_checkpoint_writes(run.manager)  # the last checkpoint is on disk when fit returns or raises
+        except TrainwiseError as exc:
+            if not failing:
+                raise
+            if run.progress is not None:
+                run.progress.message(str(exc))
+        finally:
+            if run.guard_hooks is not None:
+                run.guard_hooks.close(check=check)
     finally:
         if run.progress is not None:
             run.progress.close()

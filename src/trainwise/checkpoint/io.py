@@ -57,6 +57,48 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     the folder is read-only raises :class:`~trainwise.errors.DiskWriteError` (a ``TrainwiseError`` and an
     ``OSError``), also when ``torch.save`` wrapped the ``OSError`` in a ``RuntimeError``.
     """
+    return write_temporary(path, write).commit()
+
+
+class PendingWrite:
+    """A file written in full to its hidden temporary name, not yet durable or visible under its own name.
+
+    :meth:`commit` makes it so (fsync, rename over the target, fsync of the folder: the slow, disk-bound
+    part, which may run on another thread); :meth:`discard` removes it. Until then the target is unchanged.
+    """
+
+    def __init__(self, path: Path, temp: Path, file: IO[bytes], existed: bool) -> None:
+        self.path, self.temp, self._file, self._existed = path, temp, file, existed
+
+    def commit(self) -> Path:
+        """fsync the temporary file, rename it over the target and fsync the folder; a failure removes it and
+        raises :class:`~trainwise.errors.DiskWriteError` with the target unchanged."""
+        try:
+            try:
+                os.fsync(self._file.fileno())
+            finally:
+                self._file.close()
+            os.replace(self.temp, self.path)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                self.temp.unlink()
+            if isinstance(exc, OSError):
+                raise _disk_write_error(self.path, exc.errno, exc.strerror or str(exc), existed=self._existed) from None
+            raise
+        _fsync_folder(self.path.parent)
+        return self.path
+
+    def discard(self) -> None:
+        """Remove the temporary file; the target stays as it was."""
+        with contextlib.suppress(OSError):
+            self._file.close()
+        with contextlib.suppress(OSError):
+            self.temp.unlink()
+
+
+def write_temporary(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> PendingWrite:
+    """The first half of :func:`atomic_write`: ``write(file)`` to a temporary file beside ``path``, flushed;
+    ``path`` itself is untouched until :meth:`PendingWrite.commit`. Errors as for :func:`atomic_write`."""
     path = Path(path)
     folder = path.parent
     if path.is_dir():
@@ -70,15 +112,14 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     except OSError as exc:
         raise _disk_write_error(path, exc.errno, exc.strerror, existed=mode is not None) from None
     raw = file.raw if isinstance(file, io.BufferedWriter) else None
-    written = False  # after write(): every OSError is ours (flush, fsync, close, rename)
+    written = False  # after write(): every OSError is ours (the flush)
     try:
-        with file:
-            write(file)
-            written = True
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, path)
+        write(file)
+        written = True
+        file.flush()
     except BaseException as exc:
+        with contextlib.suppress(OSError):
+            file.close()
         with contextlib.suppress(OSError):
             temp.unlink()
         if written and isinstance(exc, OSError):
@@ -88,8 +129,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
         if failure is None:
             raise
         raise _disk_write_error(path, *failure, existed=mode is not None) from None
-    _fsync_folder(folder)
-    return path
+    return PendingWrite(path, temp, file, mode is not None)
 
 
 class _TempRaw(io.FileIO):
@@ -505,6 +545,7 @@ __all__ = [
     "SAFETENSORS",
     "TORCH_LEGACY",
     "TORCH_ZIP",
+    "PendingWrite",
     "atomic_torch_save",
     "atomic_write",
     "atomic_write_bytes",
@@ -517,4 +558,5 @@ __all__ = [
     "printable",
     "safe_load",
     "unsafe_globals",
+    "write_temporary",
 ]

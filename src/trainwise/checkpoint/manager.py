@@ -14,13 +14,15 @@ import json
 import math
 import os
 import re
+import stat
+import threading
 import warnings
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Literal
 
 from trainwise.checkpoint.io import atomic_write_json, is_complete, is_temp_file
-from trainwise.checkpoint.state import read_checkpoint, restore_checkpoint, save_checkpoint
+from trainwise.checkpoint.state import read_checkpoint, restore_checkpoint, write_checkpoint_temporary
 from trainwise.errors import TrainwiseError
 
 CHECKPOINT_FOLDER = "checkpoints"
@@ -64,20 +66,41 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.monitor = monitor
         self.mode = mode
+        self._commit: threading.Thread | None = None  # a background save's commit (fsync, rename, prune)
+        self._commit_step: int | None = None
+        self._commit_error: BaseException | None = None
+        self._complete: dict[str, tuple[int, int]] = {}  # name -> (size, mtime_ns) of a file read whole
         self._remove_stale_temp_files()
 
     # -- finding -------------------------------------------------------------------------------------
 
     def checkpoints(self) -> list[Path]:
         """Complete checkpoint files, oldest (lowest step) first; temporary and partial files never appear."""
+        self.wait()
         if not self.folder.is_dir():
             return []
         found = []
         for entry in self.folder.iterdir():
             match = _NAME.match(entry.name)
-            if match and entry.is_file() and is_complete(entry):
+            if match and self._is_complete(entry):
                 found.append((int(match.group(1)), entry))
         return [path for _, path in sorted(found)]
+
+    def _is_complete(self, entry: Path) -> bool:
+        """:func:`is_complete`, remembered for a file of the same size and modification time (a save lists
+        the folder several times; reopening every kept zip each time would cost more than the save)."""
+        try:
+            info = entry.stat()
+        except OSError:
+            return False
+        if not stat.S_ISREG(info.st_mode):
+            return False
+        if self._complete.get(entry.name) == (info.st_size, info.st_mtime_ns):
+            return True
+        complete = is_complete(entry)
+        if complete:  # only a whole file is remembered: a failed read (EIO, too many open files) is retried
+            self._complete[entry.name] = (info.st_size, info.st_mtime_ns)
+        return complete
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint (highest step), or None."""
@@ -98,23 +121,64 @@ class CheckpointManager:
         step: int,
         metric: float | None = None,
         config: Mapping[str, Any] | None = None,
+        background: bool = False,
     ) -> Path:
-        """Save ``state`` (see :func:`save_checkpoint`) as the checkpoint of optimizer step ``step``, then prune."""
+        """Save ``state`` (see :func:`save_checkpoint`) as the checkpoint of optimizer step ``step``, then prune.
+
+        With ``background=True`` the state is serialised now, into a hidden temporary file (so later changes
+        to the model do not reach this checkpoint), and the disk-bound rest (fsync, rename, pruning, the
+        manifest) runs on a thread while training goes on. Every other method, the next save included, first
+        waits for it and raises its error (a full disk: :class:`~trainwise.errors.DiskWriteError`, with the
+        failed ``step`` attribute); :meth:`wait` does only that. A kill before the commit leaves the previous
+        checkpoints as they were.
+        """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise TrainwiseError(f"step must be a non-negative integer, got {step!r}.")
         if metric is not None:
             metric = float(metric)
             if math.isnan(metric):
                 metric = None  # a NaN is never the best
+        self.wait()
         self.folder.mkdir(parents=True, exist_ok=True)
         if len(self.checkpoints()) > self.keep_last + 1:  # a run killed between a save and its pruning
             self._prune(self._metrics())
         path = self.folder / checkpoint_name(step)
-        save_checkpoint(path, state, config=config, meta={"step": step, "metric": metric, "monitor": self.monitor})
-        metrics = self._metrics({path.name: metric})
-        if is_complete(path):  # delete nothing unless the new checkpoint reads back
-            self._prune(metrics, keep=path)
+        pending = write_checkpoint_temporary(
+            path, state, config=config, meta={"step": step, "metric": metric, "monitor": self.monitor}
+        )
+
+        def commit() -> None:
+            pending.commit()
+            metrics = self._metrics({path.name: metric})
+            if self._is_complete(path):  # delete nothing unless the new checkpoint reads back
+                self._prune(metrics, keep=path)
+
+        if not background:
+            commit()
+            return path
+        self._commit_step = step
+        self._commit = threading.Thread(target=self._run_commit, args=(commit,), name="trainwise-checkpoint")
+        self._commit.start()
         return path
+
+    def _run_commit(self, commit: Callable[[], None]) -> None:
+        try:
+            commit()
+        except BaseException as exc:  # handed to the thread that waits; a thread's own exception is lost
+            self._commit_error = exc
+
+    def wait(self) -> None:
+        """Wait for a background save to be on disk; raise its error, if it failed, once."""
+        thread = self._commit
+        if thread is None or thread is threading.current_thread():
+            return
+        thread.join()
+        self._commit = None
+        error, self._commit_error = self._commit_error, None
+        if error is not None:
+            if isinstance(error, OSError):
+                error.step = self._commit_step  # type: ignore[attr-defined]
+            raise error
 
     def _prune(self, metrics: dict[str, float | None], keep: Path | None = None) -> None:
         found = self.checkpoints()

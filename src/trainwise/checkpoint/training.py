@@ -10,8 +10,9 @@ and optimizer as shards beside the file) and restored in place.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -113,13 +114,16 @@ def save_training_checkpoint(
     metric: float | None = None,
     config: dict[str, Any] | None = None,
     run_dir: str | Path | None = None,
+    background: bool = False,
 ) -> None:
     """Save ``state`` at an optimizer-step boundary; every process calls it, rank 0 (the one holding a
     ``manager``) writes the file. Under several processes the running metrics are summed first, so that a
     resume (rank 0 loads them) stays exact; under FSDP every rank writes its shards of the model and
     optimizer (``torch.distributed.checkpoint``) beside the file, which names their folder. A full disk
     or a read-only folder is one sentence naming the latest good checkpoint. ``run_dir`` (default: the
-    manager's) is where every rank writes its shards under FSDP."""
+    manager's) is where every rank writes its shards under FSDP. ``background``: the file's fsync, rename
+    and pruning go on while training does (see :meth:`CheckpointManager.save`; FSDP saves stay in the
+    foreground); :func:`finish_checkpoint_writes` waits for them."""
     to_save: dict[str, Any] = dict(state)
     if is_distributed():
         if "metrics" in to_save:
@@ -137,16 +141,34 @@ def save_training_checkpoint(
             save_sharded(Path(run_dir) / CHECKPOINT_FOLDER / folder, to_save["model"], to_save["optimizer"])
             to_save = {**_without_model(to_save), "sharded": folder}
     if manager is not None:
-        try:
-            manager.save(to_save, step=step, metric=metric, config=config)
-        except OSError as exc:  # a full disk, a file size limit, a folder made read-only during the run
-            latest = manager.latest()
-            good = "no checkpoint was written before" if latest is None else f"the latest good checkpoint is {latest}"
-            failed = write_failure(manager.folder / checkpoint_name(step), exc)
-            raise TrainwiseError(f"{failed} at step {step}; {good}.") from None
+        with _disk_failures(manager, step):
+            manager.save(to_save, step=step, metric=metric, config=config,
+                         background=background and "sharded" not in to_save)
         if "sharded" in to_save:
             _prune_sharded(manager)
-    barrier()  # nobody goes on (or reads it) before the checkpoint is complete
+    barrier()  # nobody goes on before the checkpoint is written (in the background: serialised)
+
+
+def finish_checkpoint_writes(manager: CheckpointManager | None) -> None:
+    """Wait until a background checkpoint save is on disk; its failure is the sentence a save would raise."""
+    if manager is not None:
+        with _disk_failures(manager, None):
+            manager.wait()
+
+
+@contextlib.contextmanager
+def _disk_failures(manager: CheckpointManager, step: int | None) -> Iterator[None]:
+    """A full disk, a file size limit, a folder made read-only during the run: one sentence naming the
+    latest good checkpoint (the failed step is the background save's when that one failed)."""
+    try:
+        yield
+    except OSError as exc:
+        failed_step = getattr(exc, "step", None)
+        failed_step = step if failed_step is None else failed_step
+        latest = manager.latest()
+        good = "no checkpoint was written before" if latest is None else f"the latest good checkpoint is {latest}"
+        failed = write_failure(manager.folder / checkpoint_name(failed_step or 0), exc)
+        raise TrainwiseError(f"{failed} at step {failed_step}; {good}.") from None
 
 
 def _without_model(state: MutableMapping[str, Any]) -> dict[str, Any]:
