@@ -193,3 +193,49 @@ def test_trainer_resume_with_workers_and_augmentation_is_bitwise(tmp_path, inter
     assert result.steps == full.steps == 18
     for key, value in reference.state_dict().items():
         assert torch.equal(value, resumed.state_dict()[key]), key
+
+
+class LateNumpyNoise(Dataset):
+    """torch noise for every sample; NumPy noise only for samples 12 and up (first drawn mid-epoch)."""
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        numpy_noise = float(np.random.rand()) if i >= 12 else 0.0
+        return torch.tensor([float(i), float(torch.rand(())), numpy_noise], dtype=torch.float64)
+
+
+def test_the_rngs_are_seeded_once_a_batch_not_once_a_sample(monkeypatch):
+    import trainwise.seeding as seeding
+
+    calls = []
+    real = seeding._seed_globals
+    monkeypatch.setattr(seeding, "_seed_globals", lambda seed, **kw: (calls.append(seed), real(seed, **kw)))
+    batches = list(seeded_loader(TorchNoise(), batch_size=BATCH, seed=0))
+    assert len(batches) == SAMPLES // BATCH and len(calls) == len(batches)  # not SAMPLES: 11 µs each
+    assert len(set(calls)) == len(calls)
+
+
+def test_numpy_first_drawn_mid_epoch_is_seeded_from_that_batch_on_in_the_main_process():
+    """NumPy's global state is only watched (cheap) until the dataset draws from it; the batch that first does
+    is loaded again with NumPy seeded, so the batches equal those of workers, and the caller's NumPy state
+    is left as it was."""
+    with_workers = [b.clone() for b in seeded_loader(LateNumpyNoise(), batch_size=BATCH, seed=0, num_workers=2)]
+    seed_everything(3)
+    before = np.random.get_state()[1].copy(), torch.get_rng_state(), random.getstate()
+    loader = seeded_loader(LateNumpyNoise(), batch_size=BATCH, seed=0)
+    in_main = list(loader)
+    assert np.array_equal(np.random.get_state()[1], before[0])
+    assert torch.equal(torch.get_rng_state(), before[1]) and random.getstate() == before[2]
+    for a, b in zip(with_workers, in_main, strict=True):
+        assert torch.equal(a, b)
+    assert loader.dataset.__dict__.get("_numpy_drawn") is True
+
+
+def test_a_dataset_that_never_draws_from_numpy_leaves_it_untouched():
+    seed_everything(4)
+    loader = seeded_loader(TorchNoise(), batch_size=BATCH, seed=0)
+    before = np.random.get_state()[1].copy()
+    list(loader)
+    assert np.array_equal(np.random.get_state()[1], before) and "_numpy_drawn" not in loader.dataset.__dict__
