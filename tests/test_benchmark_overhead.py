@@ -1,0 +1,87 @@
+"""benchmarks/overhead.py runs end to end on a tiny run and reports every figure; no time is asserted."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "overhead.py"
+
+
+def _overhead():
+    if "overhead_benchmark" not in sys.modules:  # registered first: its dataclass looks its module up
+        spec = importlib.util.spec_from_file_location("overhead_benchmark", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["overhead_benchmark"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["overhead_benchmark"]
+
+
+def _summary_ok(summary):
+    return 0 < summary["min"] <= summary["median"] <= summary["max"]
+
+
+def test_two_sides_one_small_epoch_report_every_figure_and_the_same_result(capsys):
+    overhead = _overhead()
+    code = overhead.main(["--repeats", "1", "--sizes", "small", "--small-epochs", "1", "--warmup-batches", "1",
+                          "--sides", "minimal,same-work,trainer-off", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["sides"] == ["minimal", "same-work", "trainer-off"]
+    assert report["skipped"] == {}
+    entry = report["sizes"]["small"]
+    assert entry["steps"] == 64 and entry["epochs"] == 1
+    for side in report["sides"]:
+        figures = entry["sides"][side]
+        for figure in ("per_step", "run"):
+            for clock in ("cpu", "wall"):
+                assert _summary_ok(figures[figure][clock]), (side, figure, clock)
+        # the whole run holds the steps, and more (set-up, epoch end)
+        assert figures["run"]["wall"]["median"] > figures["per_step"]["wall"]["median"] * 0.5 * entry["steps"]
+        assert figures["threads"] == [1]
+    assert set(entry["vs"]["minimal"]) == {"same-work", "trainer-off"}
+    assert set(entry["vs"]["same-work"]) == {"trainer-off"}
+    for ratios in [*entry["vs"]["minimal"].values(), *entry["vs"]["same-work"].values()]:
+        for figure in ("per_step", "run"):
+            for clock in ("cpu", "wall"):
+                assert ratios[figure][clock]["ratio"] > 0
+                assert _summary_ok(ratios[figure][clock]["pair_ratio"])
+    # Same seed, same order: each family ends at one loss; the bias family differs from the one-group family.
+    same = entry["same_result"]
+    assert same["one AdamW group"]["sides"] == ["minimal"]
+    assert same["no decay on biases"]["sides"] == ["same-work", "trainer-off"]
+    assert same["no decay on biases"]["match"], same
+    losses = same["no decay on biases"]["final_loss"]
+    assert losses["same-work"] == pytest.approx(losses["trainer-off"], rel=1e-4)
+    assert [t["side"] for t in entry["targets"]] == ["trainer-off"]
+    assert entry["targets"][0]["target"] == 1.02
+    assert set(entry["targets"][0]["per_round_ratio_median"]) == {"per_step cpu", "per_step wall", "run cpu",
+                                                                  "run wall"}
+
+
+@pytest.mark.parametrize("side", ["fabric", "accelerate", "lightning"])
+def test_a_missing_peer_asked_for_is_one_sentence_naming_the_install(side):
+    overhead = _overhead()
+    if overhead._missing(side) is None:
+        pytest.skip(f"{overhead.PEERS[side]} imports here")
+    with pytest.raises(SystemExit) as stopped:
+        overhead.main(["--repeats", "1", "--sizes", "small", "--sides", f"minimal,{side}"])
+    message = str(stopped.value)
+    assert 'pip install -e ".[bench]" -c constraints.txt' in message
+    assert side in message and "\n" not in message
+
+
+def test_missing_peers_are_left_out_by_default_with_the_reason():
+    overhead = _overhead()
+    sides, skipped = overhead._choose_sides(None)
+    assert sides[:5] == ["minimal", "same-work", "guard", "trainer", "trainer-off"]
+    for side in ("fabric", "accelerate", "lightning"):
+        assert (side in sides) != (side in skipped)
+
+
+def test_sides_must_include_the_baseline():
+    overhead = _overhead()
+    with pytest.raises(SystemExit, match="minimal"):
+        overhead.main(["--sides", "trainer"])
