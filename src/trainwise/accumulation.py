@@ -195,26 +195,32 @@ class GradientAccumulator:
     def parameters(self) -> list[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
+    def _grads(self) -> list[torch.Tensor]:
+        return [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+
     def step(self) -> bool:
         """Finish the window: normalise, unscale, clip, step, zero. Returns whether the optimizer stepped."""
         if self.micro_batches == 0:
             raise TrainwiseError("step() was called with no accumulated micro-batch; call backward() first.")
-        params = self.parameters()
-        grads = [p.grad for p in params if p.grad is not None]
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         count = self._count
+        grads = None  # listed only when something needs them: the common one-micro-batch window does not
         if self.distributed:
+            grads = self._grads()
             count, micro_batches = self._global_count(grads)
             self._reference = _positive(_ratio(count, micro_batches))  # the same on every process
         # after unscale_ (which checks for inf/NaN), so the inf check sees the backpropagated values
         # _positive: a window that counted no item anywhere (all padding) has zero gradients, not 0/0
-        _divide_(grads, _ratio(_positive(count), self._expected if self._expected is not None else 1))
+        divisor = _ratio(_positive(count), self._expected if self._expected is not None else 1)
+        if isinstance(divisor, torch.Tensor) or divisor != 1:
+            grads = self._grads() if grads is None else grads
+            _divide_(grads, divisor)
         stepped = True
         if self.max_grad_norm is not None:
-            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters(), self.max_grad_norm)
         elif self.skip_nonfinite:
-            self.last_grad_norm = _total_norm(grads)
+            self.last_grad_norm = _total_norm(self._grads() if grads is None else grads)
         if self.skip_nonfinite and self.scaler is None and self.last_grad_norm is not None:
             stepped = bool(torch.isfinite(self.last_grad_norm))  # a host sync: only when asked for
         if self.scaler is not None:

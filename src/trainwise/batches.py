@@ -107,9 +107,12 @@ def takes_labels(model: Any) -> bool:
 
 def call_model(model: Any, inputs: Any, *, labels: Any = None) -> Any:
     """Call ``model`` on a batch's inputs (see the module docstring), with ``labels=`` when it takes them."""
-    extra = {"labels": labels} if labels is not None and takes_labels(model) else {}
+    return _call(model, inputs, labels, _signature(model))
+
+
+def _call(model: Any, inputs: Any, labels: Any, signature: _Signature) -> Any:
+    extra = {"labels": labels} if labels is not None and signature.takes_labels else {}
     if isinstance(inputs, Mapping):
-        signature = _signature(model)
         unknown = [k for k in inputs if k not in signature.names] if not signature.any_keyword else []
         if not unknown:
             return model(**inputs, **extra)
@@ -184,9 +187,10 @@ def forward_micro_batch(
         # know that a micro-batch has no token before its loss (a mean over zero items) poisons the gradient
     if device is not None:
         inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
-    labels_passed = takes_labels(model)
+    signature = _signature(model)  # read once a step: it sits on every step's path
+    labels_passed = signature.takes_labels
     with autocast():
-        outputs = call_model(model, inputs, labels=targets)
+        outputs = _call(model, inputs, targets, signature)
         own_loss, logits = model_loss_and_logits(outputs, labels_passed=labels_passed)
         if logits is None and loss_fn is not None:
             logits = outputs  # a loss_fn of the user's own reads whatever the model returned

@@ -74,12 +74,15 @@ class Mean(Metric):
     def update(self, value: torch.Tensor | float, weight: torch.Tensor | int | float = 1) -> None:
         """Add ``value``, a mean over ``weight`` items; use :meth:`update_sum` for a sum over them."""
         if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise TrainwiseError(
-                    f"Mean.update takes a scalar, got a tensor of shape {tuple(value.shape)}; reduce it "
-                    "first or pass its sum to update_sum with the number of items."
-                )
-            value = value.detach().reshape(())
+            if value.dim() != 0:  # each op skipped here is a kernel launch saved on every training step
+                if value.numel() != 1:
+                    raise TrainwiseError(
+                        f"Mean.update takes a scalar, got a tensor of shape {tuple(value.shape)}; reduce it "
+                        "first or pass its sum to update_sum with the number of items."
+                    )
+                value = value.reshape(())
+            if value.requires_grad:
+                value = value.detach()
             if isinstance(weight, torch.Tensor):
                 self._total.add_(value * weight)
             else:
@@ -122,17 +125,16 @@ class Accuracy(Metric):
                 f"Accuracy needs logits of shape (..., classes) and targets of shape (...); got "
                 f"{tuple(logits.shape)} and {tuple(targets.shape)}."
             )
-        correct = logits.detach().argmax(dim=-1) == targets
+        correct = logits.argmax(dim=-1) == targets  # argmax records no graph: nothing to detach
         ignore = self.ignore_index
-        if ignore is not None and 0 <= ignore < logits.shape[-1]:
-            # a class index can be predicted, so ignored positions must be masked out of the correct ones
+        if ignore is not None:
             keep = targets != ignore
-            self._total.add_((correct & keep).sum())
-            self._count.add_(keep.sum())
-        elif ignore is not None:
-            # argmax never equals a negative or out-of-range index: ignored positions are never "correct"
-            self._total.add_(correct.sum())
-            self._count.add_((targets != ignore).sum())
+            if 0 <= ignore < logits.shape[-1]:
+                # a class index can be predicted, so ignored positions must be masked out of the correct ones
+                correct = correct & keep
+            # else argmax never equals a negative or out-of-range index: ignored positions are never "correct"
+            both = torch.stack((correct, keep))
+            self.state.add_((both if both.dim() == 2 else both.reshape(2, -1)).sum(dim=1))  # both counts at once
         else:
             self._total.add_(correct.sum())
             self._host_count += targets.numel()

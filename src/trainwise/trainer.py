@@ -448,11 +448,12 @@ class Trainer:
                 accumulator.backward_empty(micro.outputs)
             else:
                 accumulator.backward(micro.loss, count=micro.count, reduction=micro.reduction)
+        loss = None if micro.loss is None else micro.loss.detach()  # detached once for the metric and the guard
         # with nonfinite="skip" a window's losses count only once its step is taken
-        (run.window_loss or run.metrics.mean("loss")).update_loss(micro.loss, micro.count, micro.reduction)
+        (run.window_loss or run.metrics.mean("loss")).update_loss(loss, micro.count, micro.reduction)
         self._update_accuracy(run.metrics, micro, run.loop)
-        if self.config.nonfinite == "stop" and micro.loss is not None:
-            run.guard.observe(micro.loss, accumulator.optimizer_steps + 1)
+        if self.config.nonfinite == "stop" and loss is not None:
+            run.guard.observe(loss, accumulator.optimizer_steps + 1)
         if last:
             stepped = accumulator.step()
             if run.window_loss is not None:  # nonfinite="skip": a skipped step's losses are not averaged in

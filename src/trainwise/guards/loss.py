@@ -29,13 +29,14 @@ class NonFiniteLossGuard:
 
     def observe(self, loss: torch.Tensor, step: int) -> None:
         self._steps.append(step)
-        self._losses.append(loss.detach())
+        self._losses.append(loss.detach() if loss.requires_grad else loss)
 
     def first_bad(self) -> tuple[int, float] | None:
         """``(step, value)`` of the first non-finite loss observed since the last reset, or None."""
         if not self._losses:
             return None
-        losses = torch.stack([loss.reshape(()).float() for loss in self._losses])
+        losses = torch.stack([loss if loss.dim() == 0 else loss.reshape(()) for loss in self._losses])
+        losses = losses if losses.dtype == torch.float32 else losses.float()
         bad = ~torch.isfinite(losses)
         if not bool(bad.any()):  # the one host sync
             self.reset()
