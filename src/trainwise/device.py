@@ -52,9 +52,12 @@ def move_to_device(batch: Any, device: torch.device | str, *, non_blocking: bool
     Copies are non-blocking for pinned CPU tensors going to CUDA, where that overlaps the copy with compute.
     Non-tensor leaves (str, int, float, None) pass through; any other object is a user error.
     """
-    device = torch.device(device)
+    if type(device) is not torch.device:
+        device = torch.device(device)
+    if type(batch) is torch.Tensor and batch.device == device:
+        return batch  # the common cases on CPU: nothing to move, skip the walk
     if type(batch) in (tuple, list) and all(type(t) is torch.Tensor and t.device == device for t in batch):
-        return batch  # the common case on CPU: nothing to move, skip the walk
+        return batch
     return _move(batch, device, non_blocking, path="batch")
 
 
