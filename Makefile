@@ -28,6 +28,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/startup.py
+	$(BIN)/python benchmarks/step_work.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -8,7 +8,10 @@ the epoch end are left out):
 - the aten operations torch dispatches (each one a kernel launch, a few microseconds on CPU), with a
   ``TorchDispatchMode``, in one run;
 - the Python function calls (``sys.setprofile`` "call" events: every frame, torch's own included), in a second
-  run, since the dispatch mode itself changes which Python torch runs.
+  run, since the dispatch mode itself changes which Python torch runs;
+- the Python lines executed (``sys.settrace`` events: lines, calls and returns), in a third run: the closest
+  count to the interpreter's share of the step (a call can be one line or a hundred), with the files they
+  ran in.
 
 Then per step: each side's counts and what it adds to ``minimal`` (the loop a user would write), with the
 operations it adds by name. A side that adds no operation and a few dozen calls costs, on a ~1 ms step,
@@ -71,6 +74,11 @@ def _run_side(side: str, *, count: str) -> collections.Counter:
         if event == "call" and window.counting:
             counts[f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}"] += 1
 
+    def lines(frame: Any, event: str, arg: Any) -> Any:
+        if window.counting:
+            counts[os.path.basename(frame.f_code.co_filename)] += 1
+        return lines
+
     _, _, _, _, batch_size, _ = overhead.SIZES["small"]
     dataset = overhead._data("small", 0)
     model = overhead._model("small", 0)
@@ -83,6 +91,12 @@ def _run_side(side: str, *, count: str) -> collections.Counter:
             if count == "operations":
                 with Operations():
                     overhead.RUNNERS[side](model, dataset, options, overhead.Stopwatch())
+            elif count == "lines":
+                sys.settrace(lines)
+                try:
+                    overhead.RUNNERS[side](model, dataset, options, overhead.Stopwatch())
+                finally:
+                    sys.settrace(None)
             else:
                 sys.setprofile(calls)
                 try:
@@ -102,15 +116,24 @@ def measure(sides: list[str]) -> dict[str, Any]:
         operations = _run_side(side, count="operations")
         calls = _run_side(side, count="calls")
         calls = collections.Counter({k: v for k, v in calls.items() if not k.startswith("step_work.py:")})
+        lines = _run_side(side, count="lines")
+        lines.pop("step_work.py", None)
         report["sides"][side] = {
             "operations": sum(operations.values()) / steps,
             "calls": sum(calls.values()) / steps,
+            "lines": sum(lines.values()) / steps,
             "by_operation": {k: v / steps for k, v in sorted(operations.items())},
+            "lines_by_file": {k: v / steps for k, v in sorted(lines.items())},
         }
     base = report["sides"][overhead.BASELINE]
     for entry in report["sides"].values():
         entry["added_operations"] = entry["operations"] - base["operations"]
         entry["added_calls"] = entry["calls"] - base["calls"]
+        entry["added_lines"] = entry["lines"] - base["lines"]
+        entry["lines_added_by_file"] = dict(sorted(
+            ((name, round(entry["lines_by_file"].get(name, 0) - base["lines_by_file"].get(name, 0), 1))
+             for name in set(entry["lines_by_file"]) | set(base["lines_by_file"])),
+            key=lambda item: -item[1])[:6])
         entry["operations_added_by_name"] = {
             name: round(entry["by_operation"].get(name, 0) - base["by_operation"].get(name, 0), 2)
             for name in sorted(set(entry["by_operation"]) | set(base["by_operation"]))
@@ -140,11 +163,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"Work per optimizer step, small MLP, counted over steps {FIRST}-{LAST} of one epoch (torch "
           f"{torch.__version__}, Python {sys.version.split()[0]})\n")
-    print(f"{'side':<12} {'torch ops':>10} {'added':>7} {'Python calls':>13} {'added':>7}  operations added")
+    print(f"{'side':<12} {'torch ops':>10} {'added':>7} {'Python calls':>13} {'added':>7} {'Python lines':>13} "
+          f"{'added':>7}")
     for side, e in report["sides"].items():
-        added = ", ".join(f"{name} {n:+g}" for name, n in e["operations_added_by_name"].items()) or "-"
         print(f"{side:<12} {e['operations']:>10.1f} {e['added_operations']:>+7.1f} {e['calls']:>13.1f} "
-              f"{e['added_calls']:>+7.1f}  {added if side != overhead.BASELINE else ''}")
+              f"{e['added_calls']:>+7.1f} {e['lines']:>13.1f} {e['added_lines']:>+7.1f}")
+    print("\nwhat each side adds to the minimal loop per step:")
+    for side, e in report["sides"].items():
+        if side == overhead.BASELINE:
+            continue
+        ops = ", ".join(f"{name} {n:+g}" for name, n in e["operations_added_by_name"].items()) or "none"
+        where = ", ".join(f"{name} {n:+g}" for name, n in e["lines_added_by_file"].items() if n > 0)
+        print(f"  {side}: operations {ops}; lines mostly in {where}")
     for side, why in missing.items():
         print(f"skipped {side}: {why}")
     return 0
