@@ -270,10 +270,11 @@ class GradientAccumulator:
 
     def sync_context(self, model: torch.nn.Module, *, last: bool) -> contextlib.AbstractContextManager[None]:
         """Under DDP, skip the gradient all-reduce for every micro-batch but the last of a window."""
-        no_sync = getattr(model, "no_sync", None)
-        if last or no_sync is None:
+        # looked up on the class: a plain module's missing attribute goes through Module.__getattr__, which
+        # costs more than the rest of this call, every micro-batch
+        if last or getattr(type(model), "no_sync", None) is None:
             return _NULL_CONTEXT
-        return no_sync()
+        return model.no_sync()
 
     def state_dict(self) -> dict[str, int | float]:
         # the reference count goes with the state so that a resumed DDP run scales its next window as the
