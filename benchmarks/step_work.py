@@ -91,18 +91,13 @@ def _run_side(side: str, *, count: str) -> collections.Counter:
             if count == "operations":
                 with Operations():
                     overhead.RUNNERS[side](model, dataset, options, overhead.Stopwatch())
-            elif count == "lines":
-                sys.settrace(lines)
-                try:
-                    overhead.RUNNERS[side](model, dataset, options, overhead.Stopwatch())
-                finally:
-                    sys.settrace(None)
             else:
-                sys.setprofile(calls)
+                install, tracer = (sys.settrace, lines) if count == "lines" else (sys.setprofile, calls)
+                install(tracer)
                 try:
                     overhead.RUNNERS[side](model, dataset, options, overhead.Stopwatch())
                 finally:
-                    sys.setprofile(None)
+                    install(None)
     finally:
         handle.remove()
     torch.set_num_threads(1)  # a side that changed it must not change the next one's counts
