@@ -52,6 +52,7 @@ _MODEL_NAME = re.compile(
     r"(?:_\w*)?",
     re.IGNORECASE,
 )
+_LINE_ENDS = re.compile(r"(\r\n|\r|\n)")  # how ast.get_source_segment splits a file into lines
 _MODEL_CAMEL = re.compile(r"(?:model|net)[A-Z0-9]\w*|\w*(?:Net|Model)\d*")
 _SUBMODULE_ATTR = re.compile(
     r"(?:\w*_)?(?:module|model|backbone|encoder|decoder|features|classifier|fc\d*|head|heads|layers?\d*|conv\d*|"
@@ -221,6 +222,7 @@ class Context:
         self.called: set[str] = set()  # dotted names called like functions: model(x)
         self.module_classes: set[str] = set()  # classes of this file that subclass nn.Module
         self._cache: dict[tuple[str, int], object] = {}
+        self._source_lines: list[str] | None = None
         self._backward_names: dict[int, set[str]] | None = None
         self._index()
 
@@ -409,8 +411,27 @@ class Context:
         return node is container or any(parent is container for parent in self.ancestors(node))
 
     def segment(self, node: ast.AST) -> str:
-        """The source text of a node (empty if unknown)."""
-        return ast.get_source_segment(self.source, node) or ""
+        """The source text of a node (empty if unknown): ``ast.get_source_segment``, without splitting the
+        whole file again on every call (a file with thousands of findings took minutes)."""
+        try:
+            first, last = node.lineno - 1, node.end_lineno - 1  # type: ignore[attr-defined]
+            start, end = node.col_offset, node.end_col_offset  # type: ignore[attr-defined]
+        except AttributeError:
+            return ""
+        if last is None or end is None:
+            return ""
+        if self._source_lines is None:
+            self._source_lines = _LINE_ENDS.split(self.source)  # ast's own split: \r\n, \r, \n, kept
+            self._source_lines = [a + b for a, b in zip(self._source_lines[::2], [*self._source_lines[1::2], ""])
+                                  if a + b]
+        lines = self._source_lines
+        if not 0 <= first <= last < len(lines):
+            return ""
+        if first == last:
+            return lines[first].encode()[start:end].decode(errors="replace")
+        head = lines[first].encode()[start:].decode(errors="replace")
+        tail = lines[last].encode()[:end].decode(errors="replace")
+        return "".join([head, *lines[first + 1:last], tail])
 
     # --------------------------------------------------------------------------------------------- names
     def qualname(self, node: ast.AST) -> str | None:
