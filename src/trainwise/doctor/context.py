@@ -790,10 +790,10 @@ class Context:
                 seeds.extend(call.args)  # type: ignore[attr-defined]
         names: set[str] = set()
         for seed in seeds:
-            names |= _names_in(seed)
+            names |= names_in(seed)
         for ret in self.nodes(ast.Return):
             if ret.value is not None and self._same_function(ret, scope):  # type: ignore[attr-defined]
-                names |= _names_in(ret.value, returned=True)  # type: ignore[attr-defined]
+                names |= names_in(ret.value, returned=True)  # type: ignore[attr-defined]
         changed = True
         while changed:  # y = f(x); y.backward()  ->  x flows into the backward too
             changed = False
@@ -801,7 +801,7 @@ class Context:
                 if name in names and bscope is scope:
                     for b in found:
                         if b.value is not None:
-                            new = _names_in(b.value) - names
+                            new = names_in(b.value) - names
                             if new:
                                 names |= new
                                 changed = True
@@ -1046,7 +1046,7 @@ _NO_GRAPH_METHODS = frozenset({"item", "tolist", "detach", "argmax", "argmin", "
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda)
 
 
-def _names_in(node: ast.AST, *, returned: bool = False) -> set[str]:
+def names_in(node: ast.AST, *, returned: bool = False) -> set[str]:
     """Dotted names in an expression. For a returned value, only those whose graph can reach the caller:
     not inside comprehensions or lambdas, nor under ``.item()``/``.argmax()``/``.detach()``."""
     found = set()

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from trainwise.doctor.rule import Finding, Rule
 from trainwise.doctor.text import split_lines
 
-# Line magics, shell escapes, help lookups and `x = !cmd` / `x = %magic` assignments: not Python.
-_MAGIC_LINE = re.compile(r"^(\s*)(?:[%!]|\w+\s*=\s*[%!]|.*\?\s*$)")
+# Line magics, shell escapes, `?obj` help and `x = !cmd` / `x = %magic` assignments: not Python. Only a line
+# that starts a statement is one (see `_Scanner`); `obj?` help is found by the scanner, which knows where the
+# code of a line ends and its comment begins.
+_MAGIC_LINE = re.compile(r"^(\s*)(?:[%!?]|\w+\s*=\s*[%!])")
 _PYTHON_CELL_MAGICS = ("%%time", "%%timeit", "%%capture", "%%prun", "%%debug")
 
 
@@ -60,16 +62,92 @@ def join_cells(cells: Sequence[tuple[int, str]]) -> NotebookSource:
         skip_cell = cell_lines[0].lstrip().startswith("%%") and not cell_lines[0].lstrip().startswith(
             _PYTHON_CELL_MAGICS
         )
+        scanner = _Scanner()
         for i, text in enumerate(cell_lines, start=1):
             if skip_cell or (i == 1 and text.lstrip().startswith("%%")):
                 text = ""
-            else:
+            elif scanner.at_statement_start():
                 match = _MAGIC_LINE.match(text)
-                if match is not None and not text.lstrip().startswith("#"):
-                    text = f"{match.group(1)}pass"
+                if match is not None or scanner.help_line(text):
+                    text = f"{text[: len(text) - len(text.lstrip())]}pass"
+                else:
+                    scanner.feed(text)
+            else:
+                scanner.feed(text)  # continues a bracket, a string or a backslash: never a magic
             lines.append(text)
             origin.append((number, i))
     return NotebookSource("\n".join(lines) + "\n", origin)
+
+
+class _Scanner:
+    """Where a cell's code stands at the end of each line: inside brackets, inside a string that goes on to
+    the next line (triple-quoted, or a backslash before the newline), after a line-continuing backslash. A line
+    that starts while any of these is open continues a statement and is never an IPython magic or help line,
+    whatever it ends with (``nn.Linear(512, 10),  # how many classes?``)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.quote = ""  # the delimiter of the open string (a quote, or three), empty when none
+        self.backslash = False
+
+    def at_statement_start(self) -> bool:
+        return self.depth == 0 and not self.quote and not self.backslash
+
+    def help_line(self, text: str) -> bool:
+        """``obj?``, ``obj.attr??`` or ``?obj`` (``%pinfo obj`` is a magic): at statement start, the code of
+        the line (its comment left out, strings skipped) begins or ends with ``?``, which no Python line does."""
+        probe = _Scanner()
+        last = probe.feed(text)
+        return last == "?" and probe.at_statement_start()
+
+    def feed(self, text: str) -> str:
+        """Advance over one line; return its last character of code (outside strings and comments)."""
+        last = ""
+        i, n = 0, len(text)
+        self.backslash = False
+        while i < n:
+            if self.quote:
+                end = self._string_end(text, i)
+                if end < 0:
+                    if len(self.quote) == 1 and not text.endswith("\\"):
+                        self.quote = ""  # an unterminated one-line string: Python's error, not ours to follow
+                    return last
+                i = end
+                self.quote = ""
+                last = '"'
+                continue
+            ch = text[i]
+            if ch == "#":
+                break
+            if ch in "'\"":
+                self.quote = ch * 3 if text.startswith(ch * 3, i) else ch
+                i += len(self.quote)
+                continue
+            if ch in "([{":
+                self.depth += 1
+            elif ch in ")]}":
+                self.depth = max(0, self.depth - 1)
+            elif ch == "\\" and i == n - 1:
+                self.backslash = True
+                return last
+            if not ch.isspace():
+                last = ch
+            i += 1
+        return last
+
+    def _string_end(self, text: str, i: int) -> int:
+        """Index just past the closing delimiter of the open string, or -1 if it goes on past this line."""
+        quote = self.quote
+        n = len(text)
+        while i < n:
+            ch = text[i]
+            if ch == "\\":
+                i += 2
+                continue
+            if text.startswith(quote, i):
+                return i + len(quote)
+            i += 1
+        return -1
 
 
 def check_notebook(data: bytes, path: str, *, rules: Sequence[type[Rule]]) -> tuple[list[Finding], bool]:

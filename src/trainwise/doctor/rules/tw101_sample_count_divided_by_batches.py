@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ast
 
-from trainwise.doctor.context import LoaderInfo, dotted, is_const, last_name, method_call
+from trainwise.doctor.context import dotted, is_const, last_name, method_call
+from trainwise.doctor.counting import counting, is_zero_binding
 from trainwise.doctor.rule import FixAvailability, Rule
 
 _STRIP_METHODS = frozenset({"item", "float", "double", "cpu", "numpy", "tolist", "long", "int"})
@@ -18,17 +19,28 @@ class SampleCountDividedByBatches(Rule):
 
     ## What it does
     Finds a per-sample sum, such as the number of correct predictions or a loss multiplied by each batch's
-    size, divided by `len(<a DataLoader>)`: directly, through a variable, inside an f-string, after `100 *`.
+    size, divided by the number of batches of a DataLoader: `len(loader)` written in the division (also
+    inside an f-string, after `100 *`, as `max(len(loader), 1)`), a variable or attribute that holds it
+    (`n_batches = len(val_dl)`, `self.num_batches = len(self.test_loader)`, `n = steps`), a counter that
+    goes up by one once per batch of a loop over the loader (`total += 1`, `steps = steps + 1`), the index
+    of `enumerate(loader)` plus one (`i + 1`, or `step` with `start=1`), and a count of batches computed
+    from the data (`len(X) // batch_size`, `math.ceil(len(X) / batch_size)`). It looks inside functions,
+    methods and at module level, and counts `correct, total = 0, 0` as starting both at zero.
 
     ## Why is this bad?
     `len(loader)` is the number of *batches*, not of samples. Dividing a count of correct samples by it
     inflates the accuracy about batch-size times (an "accuracy" of 3,150 % with batches of 64), or hides a
     real drop behind a plausible number when the batch is small. The number of samples is
-    `len(loader.dataset)`.
+    `len(loader.dataset)`, or better the samples actually seen (`total += labels.size(0)`).
 
-    The rule stays silent on an average loss per batch (`running_loss / len(loader)` where each step added
-    `loss.item()`), on a sum of per-batch fractions or means divided by the number of batches, on loaders
-    whose batches hold one sample, and on a division already compensated by the batch size.
+    The rule stays silent on an average loss per batch (`running_loss / len(loader)` or `running_loss /
+    total` where each step added `loss.item()` and `total += 1`), on a sum of per-batch fractions or means
+    (or of an unknown function's result, `accuracy(out, y)`) divided by the number of batches, on loaders
+    whose batches hold one sample, and on a division already compensated by the batch size. A counter is
+    only taken to count batches when every assignment of it is a zero or a `+ 1` run exactly once per
+    iteration of one loop over a loader (not under an `if`, not in a loop nested inside it), and only
+    against a sum made inside that same loop: a counter in a per-sample inner loop counts samples, and
+    one bumped only sometimes counts something the rule cannot know.
 
     ## Example
     ```python
@@ -60,8 +72,8 @@ class SampleCountDividedByBatches(Rule):
     The fix replaces `len(loader)` by `len(loader.dataset)` where the division uses `len(loader)` directly.
     It is safe: it changes the printed value from a wrong number to the right one. It is marked unsafe when
     the loader has a `sampler`, a `batch_sampler` or `drop_last=True`, because then the samples seen differ
-    from the dataset's length; no fix is offered when the number of batches comes through a variable
-    (which may also be used, rightly, for a per-batch average).
+    from the dataset's length. No fix is offered when the number of batches comes through a variable (which
+    may also be used, rightly, for a per-batch average), a counter, an index or a computation.
     """
 
     code = "TW101"
@@ -84,98 +96,89 @@ class SampleCountDividedByBatches(Rule):
             self._check(node, node.target, node.value)
 
     def _check(self, node: ast.AST, numerator: ast.AST, denominator: ast.AST) -> None:
-        found = self._batch_count(denominator, node, 0)
-        if found is None:
+        count = counting(self.ctx).batches(denominator, node)
+        if count is None:
             return
-        loader_expr, info, direct = found
-        if not self._per_sample_sum(numerator, node, 0):
+        increments = self._sample_sum(numerator, node, 0)
+        if increments is None:
             return
-        loader_text = self.ctx.segment(loader_expr) or "loader"
+        if count.loop is not None and (
+            not increments or not all(self.ctx.is_inside(s, count.loop) for s in increments)
+        ):
+            return  # a counter of batches and a sum made in another loop: no telling what is meant
+        numerator_text = _short(self.ctx.segment(numerator))
+        loader_text = (self.ctx.segment(count.loader) if count.loader is not None else "") or "loader"
+        denominator_text = ""
+        if count.how != "len":
+            denominator_text = (count.name if count.how in ("alias", "counter") else None) or _short(
+                self.ctx.segment(_strip_casts(denominator)) or "it"
+            )
         fix = None
-        if direct:
+        if count.how == "len" and count.info is not None:
             fix = self.make_fix(
-                loader_expr,
+                count.loader,  # type: ignore[arg-type]
                 lambda n, cst: cst.Attribute(value=n, attr=cst.Name("dataset")),
                 f"use len({loader_text}.dataset)",
-                safe=not info.custom_sampling,
+                safe=not count.info.custom_sampling,
             )
-        numerator_text = _short(self.ctx.segment(numerator))
-        self.report(
-            node,
-            f"`{numerator_text}` counts samples but is divided by len({loader_text}), the number of batches; "
-            f"divide by len({loader_text}.dataset)",
-            fix=fix,
-        )
+            why = f"is divided by len({loader_text}), the number of batches; divide by len({loader_text}.dataset)"
+        elif count.how == "alias" and count.loader is not None:
+            holds = "which holds" if count.name else "that is"
+            why = (f"is divided by `{denominator_text}`, {holds} len({loader_text}), the number of batches; "
+                   f"divide by len({loader_text}.dataset)")
+        elif count.how == "counter":
+            why = (f"is divided by `{denominator_text}`, which counts batches (+1 per batch of `{loader_text}`); "
+                   f"divide by the number of samples: add each batch's size (`labels.size(0)`) to a total")
+        elif count.how == "index":
+            why = (f"is divided by `{denominator_text}`, the number of batches of `{loader_text}` so far; "
+                   f"divide by the number of samples seen (add each batch's size)")
+        else:
+            why = f"is divided by `{denominator_text}`, a number of batches; divide by the number of samples"
+        self.report(node, f"`{numerator_text}` counts samples but {why}", fix=fix)
 
-    # ------------------------------------------------------------------------------------------ denominator
-    def _batch_count(self, expr: ast.AST, at: ast.AST, depth: int) -> tuple[ast.AST, LoaderInfo, bool] | None:
-        """The loader whose ``len()`` ``expr`` is (directly, or through a variable assigned once)."""
+    # ------------------------------------------------------------------------------------------- numerator
+    def _sample_sum(self, expr: ast.AST, at: ast.AST, depth: int) -> list[ast.AST] | None:
+        """Whether ``expr`` is a sum over samples: directly (then ``[]``), or a variable only ever incremented
+        by such (then the incrementing statements); None when it is not (or not known to be)."""
         if depth > 3:
             return None
         expr = _strip_casts(expr)
-        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "len":
-            if len(expr.args) != 1 or expr.keywords:
-                return None
-            info = self.ctx.loader(expr.args[0])
-            if info is None or info.one_sample_per_batch:
-                return None
-            return expr.args[0], info, depth == 0
-        if isinstance(expr, ast.Name):
-            bindings = self.ctx.lookup(expr.id, at)
-            if len(bindings) != 1:
-                return None
-            b = bindings[0]
-            if b.kind != "assign" or b.unpacked or b.value is None:
-                return None
-            found = self._batch_count(b.value, b.stmt, depth + 1)
-            if found is not None:
-                return found[0], found[1], False
-        return None
-
-    # ------------------------------------------------------------------------------------------- numerator
-    def _per_sample_sum(self, expr: ast.AST, at: ast.AST, depth: int) -> bool:
-        """Whether ``expr`` is a sum over samples: directly, or a variable only ever incremented by such."""
-        if depth > 3:
-            return False
-        expr = _strip_casts(expr)
         if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):  # 100 * correct
             if _is_number(expr.left):
-                return self._per_sample_sum(expr.right, at, depth + 1)
+                return self._sample_sum(expr.right, at, depth + 1)
             if _is_number(expr.right):
-                return self._per_sample_sum(expr.left, at, depth + 1)
+                return self._sample_sum(expr.left, at, depth + 1)
         if isinstance(expr, (ast.Name, ast.Attribute)) and dotted(expr) is not None:
-            return self._accumulates_samples(expr, at, depth)
-        return self._increment_kind(expr) == "sample"
+            return self._accumulates_samples(expr, at)
+        return [] if self._increment_kind(expr) == "sample" else None
 
-    def _accumulates_samples(self, expr: ast.AST, at: ast.AST, depth: int) -> bool:
-        bindings = self.ctx.bindings_of(expr, at)
-        samples = 0
-        for b in bindings:
+    def _accumulates_samples(self, expr: ast.AST, at: ast.AST) -> list[ast.AST] | None:
+        increments: list[ast.AST] = []
+        for b in self.ctx.bindings_of(expr, at):
             stmt = b.stmt
             if b.kind == "augassign" and isinstance(stmt, ast.AugAssign):
                 if isinstance(stmt.op, (ast.Div, ast.Mult)):
                     continue  # rescaling (correct /= n, correct *= 100) keeps it what it was
                 if not isinstance(stmt.op, ast.Add) or b.value is None:
-                    return False
-                kind = self._increment_kind(b.value)
-                if kind != "sample":
-                    return False
-                samples += 1
+                    return None
+                if self._increment_kind(b.value) != "sample":
+                    return None
+                increments.append(stmt)
+            elif is_zero_binding(b):
+                continue  # correct = 0, test_loss, correct = 0, 0
             elif b.kind == "assign" and b.value is not None and not b.unpacked:
-                if _is_zero(b.value):
-                    continue
                 if stmt is at:
                     continue
                 if self._increment_kind(b.value) == "sample" or (
                     isinstance(b.value, ast.BinOp) and isinstance(b.value.op, ast.Add)
                     and dotted(b.value.left) == dotted(expr) and self._increment_kind(b.value.right) == "sample"
                 ):
-                    samples += 1
+                    increments.append(stmt)
                     continue
-                return False
+                return None
             else:
-                return False
-        return samples > 0
+                return None
+        return increments or None
 
     def _increment_kind(self, expr: ast.AST) -> str | None:
         """"sample" for a per-sample sum, "fraction" for a per-batch mean or fraction, else None."""
@@ -243,14 +246,6 @@ def _strip_casts(expr: ast.AST) -> ast.AST:
 
 def _is_number(expr: ast.AST) -> bool:
     return isinstance(expr, ast.Constant) and type(expr.value) in (int, float)
-
-
-def _is_zero(expr: ast.AST) -> bool:
-    if _is_number(expr):
-        return expr.value == 0  # type: ignore[attr-defined]
-    if isinstance(expr, ast.Call) and len(expr.args) == 1 and _is_number(expr.args[0]):
-        return expr.args[0].value == 0 and last_name(expr.func) in ("tensor", "float", "int", "zeros")  # type: ignore[attr-defined]
-    return False
 
 
 def _walk(expr: ast.AST, limit: int = 400) -> list[ast.AST]:

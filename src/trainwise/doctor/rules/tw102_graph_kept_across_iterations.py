@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import ast
+from typing import TYPE_CHECKING
 
-from trainwise.doctor.context import dotted
+from trainwise.doctor.context import dotted, is_const, method_call, names_in
 from trainwise.doctor.rule import Rule
+
+if TYPE_CHECKING:
+    from trainwise.doctor.context import Context
+    from trainwise.doctor.rule import Finding
 
 
 class GraphKeptAcrossIterations(Rule):
@@ -13,8 +18,13 @@ class GraphKeptAcrossIterations(Rule):
 
     ## What it does
     Finds a loss, or an output of a model call, that is added to a running total (`total += loss`,
-    `total = total + loss`) or appended to a list (`losses.append(loss)`) defined outside the loop, while
-    autograd is on.
+    `total = total + loss`), to an entry of a dict of statistics (`stats["loss"] += loss`,
+    `metrics["loss"] = metrics["loss"] + loss`), or appended to a list (`losses.append(loss)`,
+    `history["loss"].append(loss)`, `log.append({"step": step, "loss": loss})`) that is defined outside the
+    loop, while autograd is on. A running total or list that a function returns counts too when that
+    function runs `backward()` itself (`loss.backward()`, `scaler.scale(loss).backward()`,
+    `accelerator.backward(loss)`): it returns `running / len(loader)` or the list of losses for logging or
+    plotting, not for its caller to backpropagate.
 
     ## Why is this bad?
     A tensor computed with autograd on holds its whole computation graph, activations included. A running
@@ -23,8 +33,14 @@ class GraphKeptAcrossIterations(Rule):
     number: `loss.item()` (or `loss.detach()` to keep a tensor on the device and avoid a host sync).
 
     The rule stays silent when the accumulation runs under `torch.no_grad()` or `torch.inference_mode()`
-    (or in a function decorated with them), when the total is itself differentiated (`total.backward()`)
-    or returned as a loss, and on values that are not tensors with a graph (`loss.item()`, `len(batch)`).
+    (or in a function decorated with them, or a Lightning `validation_step`), when the total or list is
+    itself differentiated (`total.backward()`, or `sum(losses).backward()` within the step), when it is
+    returned by a function that leaves the backward to its caller (a function that runs no `backward()` of
+    its own, or only with `retain_graph=True`: a loss summed over micro-batches or heads), when the list is
+    re-created every iteration (or every epoch, while the loop that fills it takes no training step: a few
+    evaluation outputs kept for a plot do not grow with the run), and on values that are not tensors with a
+    graph (`loss.item()`, `loss.detach()`, `float(loss)`, `len(batch)`). A list of model outputs returned by a
+    function without a `backward()` stays silent too: the caller may well compute a loss from it.
 
     ## Example
     ```python
@@ -61,8 +77,13 @@ class GraphKeptAcrossIterations(Rule):
     name = "graph-kept-across-iterations"
     message = "a tensor with an autograd graph is accumulated across iterations; use .item() or .detach()"
 
+    def __init__(self, ctx: Context, sink: list[Finding]) -> None:
+        super().__init__(ctx, sink)
+        self._kept: dict[int, set[str]] | None = None
+        self._kept_anywhere: set[str] = set()
+
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
-        """``total += loss`` and ``outputs += [model(x)]``."""
+        """``total += loss``, ``stats["loss"] += loss`` and ``outputs += [model(x)]``."""
         if not isinstance(node.op, (ast.Add, ast.Sub)):
             return
         value = node.value
@@ -74,59 +95,166 @@ class GraphKeptAcrossIterations(Rule):
         self._check(node, node.target, value, "added to the running total")
 
     def visit_Assign(self, node: ast.Assign) -> None:
-        """``total = total + loss``."""
+        """``total = total + loss``, ``stats["loss"] = stats["loss"] + loss``."""
         if len(node.targets) != 1 or not isinstance(node.value, ast.BinOp) or not isinstance(node.value.op, ast.Add):
             return
-        key = dotted(node.targets[0])
-        if key is None:
+        target = node.targets[0]
+        if _reference(target) is None:
             return
-        if dotted(node.value.left) == key:
-            self._check(node, node.targets[0], node.value.right, "added to the running total")
-        elif dotted(node.value.right) == key:
-            self._check(node, node.targets[0], node.value.left, "added to the running total")
+        if _same_reference(node.value.left, target):
+            self._check(node, target, node.value.right, "added to the running total")
+        elif _same_reference(node.value.right, target):
+            self._check(node, target, node.value.left, "added to the running total")
 
     def visit_Call(self, node: ast.Call) -> None:
-        """``losses.append(loss)``."""
+        """``losses.append(loss)``, ``history["loss"].append(loss)``, ``log.append((epoch, loss))``."""
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "append" and len(node.args) == 1 and not node.keywords:
-            self._check(node, func.value, node.args[0], "appended to a list")
+            value = node.args[0]
+            if isinstance(value, (ast.Tuple, ast.List)):
+                elements = list(value.elts)
+            elif isinstance(value, ast.Dict):
+                elements = [v for k, v in zip(value.keys, value.values) if k is not None]
+            else:
+                elements = [value]
+            for element in elements:
+                if self._check(node, func.value, element, "appended to a list"):
+                    return
 
     def _check(self, node: ast.AST, target: ast.AST, value: ast.AST, verb: str) -> bool:
         ctx = self.ctx
-        container = target.value if isinstance(target, ast.Subscript) else target
+        container = target
+        for _ in range(8):  # stats["loss"] += ..., history[phase]["loss"].append(...): the dict outlives the step
+            if not isinstance(container, ast.Subscript):
+                break
+            container = container.value
         key = dotted(container)
         if key is None:
             return False
         loop = ctx.enclosing_loop(node)
         if loop is None and not key.startswith("self."):
             return False
-        if ctx.grad_disabled(node) or not ctx.carries_graph(value, node):
+        if isinstance(value, ast.Starred) or ctx.grad_disabled(node) or not ctx.carries_graph(value, node):
             return False
         if loop is not None and self._reset_in(container, loop, node):
             return False
         root = key.split(".")[0]
         scope = ctx.scope(node)
-        if key in ctx.differentiated(scope) or (root != "self" and root in ctx.differentiated(scope)):
+        kept = self._kept_for_autograd(scope)
+        if key in kept or (root != "self" and root in kept):
             return False
         if key.startswith("self.") and any(
-            key in ctx.differentiated(fn) for fn in (*ctx.nodes(ast.FunctionDef), *ctx.nodes(ast.AsyncFunctionDef))
+            key in self._kept_for_autograd(fn) for fn in (*ctx.nodes(ast.FunctionDef), *ctx.nodes(ast.AsyncFunctionDef))
         ):
             return False
         value_text = " ".join(ctx.segment(value).split())[:40] or "the value"
+        where = " ".join(ctx.segment(target).split()) if isinstance(target, ast.Subscript) else key
+        where = where if 0 < len(where) <= 40 else key
         self.report(
             node,
-            f"`{value_text}` carries an autograd graph and is {verb} `{key}`, which outlives the iteration: "
+            f"`{value_text}` carries an autograd graph and is {verb} `{where}`, which outlives the iteration: "
             f"every step's graph stays in memory; use `{value_text}.item()` (or `.detach()`)"
             if isinstance(value, ast.Name)
-            else f"`{value_text}` carries an autograd graph and is {verb} `{key}`, which outlives the "
+            else f"`{value_text}` carries an autograd graph and is {verb} `{where}`, which outlives the "
             f"iteration: every step's graph stays in memory; use .item() (or .detach())",
         )
         return True
 
     def _reset_in(self, container: ast.AST, loop: ast.AST, node: ast.AST) -> bool:
-        """Whether the total or list is re-created inside the loop (then it lives one iteration only)."""
-        for b in self.ctx.bindings_of(container, node):
-            inside = b.stmt is not node and self.ctx.is_inside(b.stmt, loop)
-            if inside and b.kind in ("assign", "for", "with", "walrus"):
-                return True
+        """Whether the total or list is re-created inside the loop (then it lives one iteration only), or inside
+        an outer loop while no loop between that one and the addition takes a training step (a list of two
+        evaluation outputs rebuilt every epoch holds two graphs, however long the epoch: nothing grows)."""
+        ctx = self.ctx
+        resets = [b.stmt for b in ctx.bindings_of(container, node)
+                  if b.stmt is not node and b.kind in ("assign", "for", "with", "walrus")]
+        between: list[ast.AST] = []  # the loops inside the resetting one that hold the addition
+        current: ast.AST | None = loop
+        while current is not None:
+            if any(ctx.is_inside(stmt, current) for stmt in resets):
+                return not between or not any(
+                    method_call(call, "backward", "step") for inner in between for call in ctx.calls_within(inner)
+                )
+            between.append(current)
+            current = ctx.enclosing_loop(current)
         return False
+
+    # ----------------------------------------------------------------------------- totals meant for autograd
+    def _kept_for_autograd(self, scope: ast.AST) -> set[str]:
+        """Dotted names of ``scope`` whose graph is wanted: they flow into a ``backward()`` of the scope (or
+        any ``torch.autograd.backward``/``grad``), or into its ``return`` when the function leaves the
+        backward to its caller (it calls no ``backward()`` itself, or only with ``retain_graph=True``). A
+        function that runs ``loss.backward()`` and returns the running total returns it for logging."""
+        if self._kept is None:
+            self._kept = self._scan()
+        found = self._kept.get(id(scope))
+        return found if found is not None else self._kept_anywhere
+
+    def _scan(self) -> dict[int, set[str]]:
+        ctx = self.ctx
+        seeds: dict[int, list[ast.AST]] = {}
+        own_backward: set[int] = set()
+        anywhere: list[ast.AST] = []
+        for call in ctx.nodes(ast.Call):
+            func = call.func  # type: ignore[attr-defined]
+            if not isinstance(func, ast.Attribute):
+                if ctx.qualname(func) in ("torch.autograd.backward", "torch.autograd.grad"):
+                    anywhere.extend(call.args)  # type: ignore[attr-defined]
+                continue
+            if func.attr in ("backward", "manual_backward"):
+                scope = ctx.scope(call)
+                seeds.setdefault(id(scope), []).extend((func.value, *call.args))  # type: ignore[attr-defined]
+                retain = next((k.value for k in call.keywords if k.arg == "retain_graph"), None)  # type: ignore[attr-defined]
+                if retain is None or is_const(retain, False):
+                    own_backward.add(id(scope))
+        returns: dict[int, list[ast.AST]] = {}
+        for ret in ctx.nodes(ast.Return):
+            if ret.value is not None:  # type: ignore[attr-defined]
+                returns.setdefault(id(ctx.scope(ret)), []).append(ret.value)  # type: ignore[attr-defined]
+        bound: dict[int, dict[str, list[ast.AST]]] = {}
+        for (bscope, name), found in ctx.bindings.items():
+            values = [b.value for b in found if b.value is not None]
+            if values:
+                bound.setdefault(id(bscope), {})[name] = values
+        base: set[str] = set()
+        for seed in anywhere:
+            base |= names_in(seed)
+        self._kept_anywhere = base
+        out: dict[int, set[str]] = {}
+        for scope_id in set(seeds) | set(returns):
+            names = set(base)
+            for seed in seeds.get(scope_id, ()):
+                names |= names_in(seed)
+            if scope_id not in own_backward:
+                for value in returns.get(scope_id, ()):
+                    names |= names_in(value, returned=True)
+            local = bound.get(scope_id, {})
+            frontier = list(names)
+            while frontier:  # y = f(x); y.backward()  ->  x flows into the backward too
+                name = frontier.pop()
+                for value in local.get(name, ()):
+                    for new in names_in(value) - names:
+                        names.add(new)
+                        frontier.append(new)
+            out[scope_id] = names
+        return out
+
+
+def _reference(node: ast.AST) -> str | None:
+    """``total``, ``self.total``, ``stats["loss"]``: a name, attribute, or one with constant subscripts."""
+    keys = []
+    for _ in range(8):
+        if not isinstance(node, ast.Subscript):
+            break
+        if not isinstance(node.slice, ast.Constant):
+            return None
+        keys.append(f"[{node.slice.value!r}]")
+        node = node.value
+    base = dotted(node)
+    if base is None or isinstance(node, ast.Subscript):
+        return None
+    return base + "".join(reversed(keys))
+
+
+def _same_reference(a: ast.AST, b: ast.AST) -> bool:
+    ref = _reference(a)
+    return ref is not None and ref == _reference(b)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from trainwise.doctor.context import is_const, keyword, last_name, method_call
+from trainwise.doctor.context import is_const, keyword, last_name, method_call, position
 from trainwise.doctor.rule import Rule
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -54,7 +54,12 @@ class EvaluationInTrainMode(Rule):
     The rule stays silent when the mode is set in a helper of the same file (followed three calls deep), in
     any caller of the evaluation function, by an unknown context manager around the model call (such as
     `trainwise.evaluating(model)`), on models loaded with `from_pretrained` or `load` (which may already be
-    in eval mode), and on `.train()` called on anything at all inside the training loop.
+    in eval mode), and on `.train()` called on anything at all inside the training loop. It stays silent on
+    an evaluation function that runs a model it takes as an argument, is called nowhere in the file, and
+    sets neither the mode nor autograd (no `eval()`, no `no_grad`): its callers, in another file, set up
+    the evaluation. And it stays silent on training that puts the model in eval mode itself before its
+    `backward()` (a linear probe on a frozen backbone, whose BatchNorm statistics must not change): that
+    mode is chosen, not left over from the evaluation.
 
     ## Example
     ```python
@@ -99,6 +104,8 @@ class EvaluationInTrainMode(Rule):
         for region, calls in regions:
             if self._mode_set_around(region, _sets_eval):
                 continue
+            if self._mode_left_to_callers(region, calls):
+                continue
             for call in calls:
                 if self.ctx.under_unknown_with(call, _TRANSPARENT_WITH) or self._loaded_model(call):
                     continue
@@ -127,6 +134,29 @@ class EvaluationInTrainMode(Rule):
                         next_frontier.append(outer)
             frontier = next_frontier
         return False
+
+    def _mode_left_to_callers(self, region: ast.AST, calls: list[ast.Call]) -> bool:
+        """An evaluation function of a model it takes as an argument, called nowhere in this file, that sets
+        neither the mode nor autograd (no ``eval()``/``train()``, no ``no_grad``): its callers, in another
+        file, set up the evaluation, so the file alone cannot tell."""
+        fn = region if isinstance(region, _FUNCTIONS) else self.ctx.scope(region)
+        if not isinstance(fn, _FUNCTIONS) or self.ctx.call_sites(fn):
+            return False
+        if any(self.ctx.grad_disabled(call) for call in calls):
+            return False  # it turns autograd off itself: an evaluation complete but for eval()
+        if self.ctx.reaches_call(fn, lambda c: _sets_eval(c) or _sets_train(c)):
+            return False
+        return all(self._argument_model(call, fn) for call in calls)
+
+    def _argument_model(self, call: ast.Call, fn: ast.AST) -> bool:
+        """``model(x)`` (or ``model.module(x)``) where ``model`` is a parameter of ``fn``."""
+        func = call.func
+        while isinstance(func, ast.Attribute) and func.attr in ("module", "model"):
+            func = func.value
+        if not isinstance(func, ast.Name):
+            return False
+        found = self.ctx.bindings_of(func)
+        return bool(found) and all(b.kind == "param" and b.stmt is fn for b in found)
 
     def _loaded_model(self, call: ast.Call) -> bool:
         """A model whose bindings come from ``from_pretrained``/``load``: its mode is not known."""
@@ -158,6 +188,8 @@ class EvaluationInTrainMode(Rule):
                               and self._inside_evaluation(c, evaluating)]
                 if not eval_calls or any(_sets_train(c) for n in reached for c in self.ctx.calls_within(n)):
                     continue
+                if self._trains_in_eval_mode(reached, eval_calls, evaluating):
+                    continue
                 candidates.append(loop)
         for loop in candidates:
             if any(other is not loop and self.ctx.is_inside(other, loop) for other in candidates):
@@ -168,6 +200,24 @@ class EvaluationInTrainMode(Rule):
                 "from the second pass on, training runs in eval mode; call model.train() at the start of each epoch",
             )
 
+    def _trains_in_eval_mode(self, reached: tuple[ast.AST, ...], eval_calls: list[ast.Call],
+                             evaluating: list[ast.AST]) -> bool:
+        """The training code itself puts the evaluated model in eval mode before its ``backward()`` (a linear
+        probe on a frozen backbone keeps BatchNorm statistics fixed on purpose): the mode it trains in is
+        chosen, not left over from the evaluation."""
+        evaluated = {_receiver_name(c) for c in eval_calls} - {None}
+        for node in reached:
+            for call in self.ctx.calls_within(node):
+                if not _sets_eval(call) or _receiver_name(call) not in evaluated:
+                    continue
+                if self._inside_evaluation(call, evaluating):
+                    continue
+                fn = self.ctx.scope(call)
+                if any(method_call(c, "backward") and position(c) > position(call) and self.ctx.scope(c) is fn
+                       for c in self.ctx.calls_within(fn)):
+                    return True
+        return False
+
     def _inside_evaluation(self, call: ast.Call, evaluating: list[ast.AST]) -> bool:
         if any(self.ctx.is_inside(call, r) for r in evaluating):
             return True
@@ -177,6 +227,15 @@ class EvaluationInTrainMode(Rule):
             not isinstance(r, _FUNCTIONS) and self.ctx.scope(r) is fn and self.ctx.enclosing_loop(r) is loop
             for r in evaluating
         )
+
+
+def _receiver_name(call: ast.Call) -> str | None:
+    """``model`` for ``model.eval()``, ``self.model.eval()`` and ``model.module.eval()``."""
+    receiver = call.func.value if isinstance(call.func, ast.Attribute) else None
+    while isinstance(receiver, ast.Attribute) and receiver.attr == "module":
+        receiver = receiver.value
+    return last_name(receiver) if receiver is not None else None
+
 
 def _calls_backward(container: ast.AST) -> bool:
     return any(method_call(c, "backward") for c in ast.walk(container))

@@ -22,7 +22,9 @@ class Float16AutocastWithoutGradScaler(Rule):
     ## What it does
     Finds `torch.autocast(..., dtype=torch.float16)` (also `torch.cuda.amp.autocast()` and
     `torch.autocast("cuda")`, whose default is float16) around code whose loop, or function, calls
-    `backward()`, in a file that never creates or uses a gradient scaler.
+    `backward()`, in a file that never creates or uses a gradient scaler. The device type may be a variable
+    assigned in the file: `device = "cuda"`, `device = "cuda" if torch.cuda.is_available() else "cpu"` (it
+    runs on CUDA wherever a GPU is there), or `device.type` with `device = torch.device(...)` of those.
 
     ## Why is this bad?
     float16 has a far smaller range than float32: small gradients underflow to zero and large ones overflow
@@ -31,8 +33,9 @@ class Float16AutocastWithoutGradScaler(Rule):
     gradients (the loss stalls) or diverges to `nan`.
 
     The rule stays silent on bfloat16 (which has float32's range and needs no scaler), on float16 used for
-    inference only (no `backward()`), on an unknown `dtype=` variable, and when anything in the file looks
-    like a scaler or a framework that scales for you (Accelerate, Fabric, DeepSpeed).
+    inference only (no `backward()`), on an unknown `dtype=` variable, on a device known to be `"cpu"` (CPU
+    autocast defaults to bfloat16) or not known at all (a function argument, a setting), and when anything
+    in the file looks like a scaler or a framework that scales for you (Accelerate, Fabric, DeepSpeed).
 
     ## Example
     ```python
@@ -73,10 +76,12 @@ class Float16AutocastWithoutGradScaler(Rule):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._scaled: bool | None = None
+        self._via: str | None = None  # the device variable that makes the autocast CUDA's float16 default
 
     def visit_withitem(self, node: ast.withitem) -> None:
         """``with autocast(...)``."""
         call = node.context_expr
+        self._via = None
         if not isinstance(call, ast.Call) or not self._is_fp16_autocast(call):
             return
         if self._file_scales():
@@ -84,10 +89,13 @@ class Float16AutocastWithoutGradScaler(Rule):
         region = self.ctx.enclosing_loop(call) or self.ctx.scope(call)
         if isinstance(region, ast.Module) or not self._calls_backward(region):
             return
+        what = "autocast runs in float16 in a loop that calls backward(), and no GradScaler scales the loss"
+        if self._via is not None:
+            what = (f"`{self._via}` can be \"cuda\", where autocast with no dtype runs in float16; this loop calls "
+                    f"backward() and no GradScaler scales the loss")
         self.report(
             call,
-            "autocast runs in float16 in a loop that calls backward(), and no GradScaler scales the loss: small "
-            "gradients underflow to zero; use torch.amp.GradScaler, or dtype=torch.bfloat16",
+            f"{what}: small gradients underflow to zero; use torch.amp.GradScaler, or dtype=torch.bfloat16",
         )
 
     def _is_fp16_autocast(self, call: ast.Call) -> bool:
@@ -110,7 +118,55 @@ class Float16AutocastWithoutGradScaler(Rule):
         device_value = device.value if device is not None else (call.args[0] if call.args else None)
         if len(call.args) > 1:
             return self._is_fp16(call.args[1])
-        return device_value is not None and self.ctx.constant(device_value) == "cuda"
+        if device_value is None or "cuda" not in self._device_types(device_value, call, 0):
+            return False
+        if not isinstance(device_value, ast.Constant):
+            self._via = self.ctx.segment(device_value)
+        return True
+
+    def _device_types(self, expr: ast.AST, at: ast.AST, depth: int) -> frozenset[str]:
+        """The device types ``expr`` can hold: ``"cuda"``, ``device`` bound to ``"cuda"``, to ``"cuda" if
+        torch.cuda.is_available() else "cpu"``, or ``device.type`` with ``device = torch.device(...)`` of those.
+        Empty when any of its values is unknown (an argument, a setting): the rule then stays silent."""
+        if depth > 4:
+            return frozenset()
+        if isinstance(expr, ast.Constant):
+            if isinstance(expr.value, str) and expr.value:
+                return frozenset({expr.value.split(":", 1)[0]})
+            return frozenset()
+        if isinstance(expr, ast.IfExp):
+            body = self._device_types(expr.body, at, depth + 1)
+            orelse = self._device_types(expr.orelse, at, depth + 1)
+            return body | orelse if body and orelse else frozenset()
+        if isinstance(expr, ast.Call) and self.ctx.qualname(expr.func) == "torch.device" and len(expr.args) == 1 \
+                and not expr.keywords:
+            return self._device_types(expr.args[0], at, depth + 1)
+        if isinstance(expr, ast.Attribute) and expr.attr == "type" and isinstance(expr.value, ast.Name):
+            found = self._values(expr.value, at)
+            if not found or not all(isinstance(v, ast.Call) and self.ctx.qualname(v.func) == "torch.device"
+                                    for v in found):
+                return frozenset()
+            return self._union([self._device_types(v, v, depth + 1) for v in found])
+        if isinstance(expr, ast.Name):
+            found = self._values(expr, at)
+            if not found or any(isinstance(v, ast.Call) and self.ctx.qualname(v.func) == "torch.device"
+                                for v in found):
+                return frozenset()  # a torch.device, not a string: autocast wants device.type
+            return self._union([self._device_types(v, v, depth + 1) for v in found])
+        return frozenset()
+
+    def _values(self, name: ast.Name, at: ast.AST) -> list[ast.expr]:
+        """The values a name most likely holds at ``at``; empty unless every one is a plain assignment."""
+        found = self.ctx.reaching(name, at)
+        if not all(b.kind == "assign" and b.value is not None and not b.unpacked for b in found):
+            return []
+        return [b.value for b in found if b.value is not None]
+
+    @staticmethod
+    def _union(parts: list[frozenset[str]]) -> frozenset[str]:
+        if not parts or not all(parts):
+            return frozenset()
+        return frozenset().union(*parts)
 
     def _is_fp16(self, expr: ast.AST) -> bool:
         if (self.ctx.qualname(expr) or "") in _FP16:
