@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ast
 
-from trainwise.doctor.context import dotted, method_call, walk_own
+from trainwise.doctor.context import dotted, method_call, position, walk_own
+from trainwise.doctor.functions import functions, same_or_below
 from trainwise.doctor.rule import Rule
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -18,14 +19,28 @@ class MissingZeroGrad(Rule):
     while nothing in the loop, nor in a function of the same file that the loop calls, zeroes the
     gradients: no `optimizer.zero_grad()`, no `model.zero_grad()`, no `p.grad = None`.
 
+    When the loop steps several optimizers (a GAN's generator and discriminator), each one's gradients must
+    be cleared: by its own `zero_grad()`, by `zero_grad()` on a module it was built from (`netG.zero_grad()`
+    for `Adam(netG.parameters())`), or in a same-file function the loop calls with it (`clear(opt_g)`); the
+    rule reports the step of an optimizer that nothing clears while another one is zeroed. An optimizer
+    stepped in an inner loop that runs its own backward (a WGAN critic) is judged by that loop, the
+    generator's step in the outer loop by the outer one.
+
     ## Why is this bad?
     `backward()` *adds* to `.grad`. Without zeroing, each step applies the sum of the gradients of every
     batch seen so far: the effective learning rate grows with every step, and training diverges or
     oscillates without any error.
 
     The rule stays silent when the gradients are zeroed anywhere in the loop (every step, or every k steps
-    for gradient accumulation, with or without `set_to_none`), on the model instead of the optimizer, in a
-    closure passed to `step()`, or in a helper function of the same file that the loop calls.
+    for gradient accumulation, before the backward pass or after the step, with or without `set_to_none`),
+    on the model instead of the optimizer, in a closure passed to `step()`, or in a helper function of the
+    same file that the loop calls. With several optimizers it also stays silent when what is zeroed cannot
+    be named (`p.grad = None`, `for opt in self.optimizers: opt.zero_grad()`, an optimizer the loop does not
+    step), when a module is zeroed and the optimizer's parameters are not known (an optimizer passed in as
+    an argument), when two optimizers were built from the same module or one holding the other, and for
+    an "optimizer" with no backward pass of its own since the previous step or built by a class of the file
+    that is not an optimizer (MixMatch's `ema_optimizer.step()` right after `optimizer.step()`: a weight
+    average that reads no gradients).
 
     ## Example
     ```python
@@ -77,30 +92,146 @@ class MissingZeroGrad(Rule):
         calls = _own_calls(loop)
         if not any(self._is_backward(c) for c in calls):
             return
-        step = next((c for c in calls if self._optimizer_step(c) is not None), None)
-        if step is None:
+        steps = sorted(((c, name) for c in calls if (name := self._optimizer_step(c)) is not None),
+                       key=lambda pair: position(pair[0]))
+        if not steps:
             return
-        # the innermost loop holding both decides: an inner loop reports for itself
+        # the innermost loop holding a backward and an optimizer's step decides for that optimizer
+        inner_decided: set[str] = set()
         for inner in _own_loops(loop):
             inner_calls = _own_calls(inner)
-            if any(self._is_backward(c) for c in inner_calls) and step in inner_calls:
-                return
-        if self.ctx.reaches_call(loop, _zeroes):
+            if any(self._is_backward(c) for c in inner_calls):
+                inner_decided |= {name for c, name in steps if c in inner_calls}
+        decided = [(c, name) for c, name in steps if name not in inner_decided]
+        if not decided:
             return
-        if _assigns_grad(loop) or any(_assigns_grad(fn) for fn in self.ctx.helpers_called(loop)):
+        stepped = {name for _, name in steps}
+        if not self.ctx.reaches_call(loop, _zeroes) and not (
+            _assigns_grad(loop) or any(_assigns_grad(fn) for fn in self.ctx.helpers_called(loop))
+        ):
+            step, optimizer = decided[0]
+            if not self._built_in(step, loop):
+                self.report(
+                    step,
+                    f"`{optimizer}` steps after backward() in this loop, but no zero_grad() clears the gradients: "
+                    f"each step applies the sum of all earlier batches' gradients; call `{optimizer}.zero_grad()` "
+                    f"before the backward pass",
+                )
             return
-        optimizer = self._optimizer_step(step)
-        if self._built_in(optimizer, step, loop):
-            return  # a fresh optimizer every iteration: a numerical check, not a training loop
-        self.report(
-            step,
-            f"`{optimizer}` steps after backward() in this loop, but no zero_grad() clears the gradients: "
-            f"each step applies the sum of all earlier batches' gradients; call `{optimizer}.zero_grad()` "
-            f"before the backward pass",
-        )
+        if len(stepped) < 2:
+            return
+        # several optimizers (a GAN): each one's gradients must be cleared, by itself or by its modules
+        cleared = self._cleared(loop, stepped)
+        if cleared is None:
+            return
+        reported: set[str] = set()
+        backwards = [c for c in calls if self._is_backward(c)]
+        for step, optimizer in decided:
+            if optimizer in reported or self._zeroed(optimizer, step, cleared, steps) or self._built_in(step, loop):
+                continue
+            if not self._own_backward(step, steps, backwards) or self._not_an_optimizer(step):
+                continue
+            reported.add(optimizer)
+            zeroed = ", ".join(f"`{name}`" for kind, name in cleared if kind == "optimizer") or "other modules"
+            self.report(
+                step,
+                f"`{optimizer}` steps after backward() in this loop, but only {zeroed} is zeroed, never "
+                f"`{optimizer}`: each `{optimizer}` step applies the sum of all earlier batches' gradients; "
+                f"call `{optimizer}.zero_grad()` before its backward pass",
+            )
 
-    def _built_in(self, optimizer: str | None, step: ast.Call, loop: ast.AST) -> bool:
-        receiver = step.func.value if not step.args else step.args[0]  # type: ignore[attr-defined]
+    def _cleared(self, loop: ast.AST, stepped: set[str]) -> list[tuple[str, str]] | None:
+        """What the loop (and the same-file functions it calls) zeroes: ("optimizer", name) for a stepped
+        optimizer, ("module", name) for ``model.zero_grad()``; None when anything zeroed cannot be named
+        (``p.grad = None``, ``for opt in self.optimizers``, an optimizer this loop does not step)."""
+        summaries = functions(self.ctx)
+        sources: list[tuple[ast.AST, dict[str, ast.expr | None] | None]] = [(loop, None)]
+        sources += [(r.function, r.params) for r in summaries.reached(loop)]
+        cleared: list[tuple[str, str]] = []
+        for container, params in sources:
+            if _assigns_grad(container):
+                return None
+            for call in self.ctx.calls_within(container):
+                if not _zeroes(call):
+                    continue
+                func = call.func
+                if not (isinstance(func, ast.Attribute) and func.attr == "zero_grad"):
+                    return None  # p.grad.zero_(), zero_grad(model): what it clears is not named
+                receivers = self._receivers(func.value, call)
+                if receivers is None:
+                    return None
+                for receiver in receivers:
+                    node = receiver if params is None else summaries.translate(receiver, params)  # type: ignore[arg-type]
+                    name = dotted(node) if node is not None else None
+                    if node is None or name is None:
+                        return None
+                    if name in stepped:
+                        cleared.append(("optimizer", name))
+                    elif not self.ctx.is_optimizer(node) and self.ctx.is_module(node):
+                        cleared.append(("module", name))
+                    else:
+                        return None
+        return cleared
+
+    def _receivers(self, receiver: ast.AST, at: ast.AST) -> list[ast.AST] | None:
+        """``opt`` of ``for opt in (opt_g, opt_d): opt.zero_grad()`` -> both; a plain receiver -> itself."""
+        if dotted(receiver) is None:
+            return None
+        if isinstance(receiver, ast.Name):
+            loops = [b for b in self.ctx.bindings_of(receiver, at) if b.kind == "for"]
+            if loops:
+                holding = [b for b in loops if self.ctx.is_inside(at, b.stmt)]
+                if (len(holding) != 1 or holding[0].unpacked
+                        or not isinstance(holding[0].iter, (ast.Tuple, ast.List))):
+                    return None
+                return list(holding[0].iter.elts)
+        return [receiver]
+
+    def _zeroed(self, optimizer: str, step: ast.Call, cleared: list[tuple[str, str]],
+                steps: list[tuple[ast.Call, str]]) -> bool:
+        """Whether ``cleared`` clears ``optimizer``'s gradients: it is zeroed itself, or a module it was built
+        from (or one holding it) is, or an optimizer built from an overlapping module is; an optimizer whose
+        modules are unknown counts as cleared by any ``module.zero_grad()``."""
+        summaries = functions(self.ctx)
+        mine = summaries.optimizer_modules(self._optimizer_node(step))
+        for kind, name in cleared:
+            if kind == "optimizer" and name == optimizer:
+                return True
+            if kind == "module" and (mine is None or any(_overlap(name, m) for m in mine)):
+                return True
+            if kind == "optimizer" and mine is not None:
+                other_step = next(c for c, n in steps if n == name)
+                theirs = summaries.optimizer_modules(self._optimizer_node(other_step))
+                if theirs is not None and any(_overlap(a, b) for a in mine for b in theirs):
+                    return True
+        return False
+
+    def _own_backward(self, step: ast.Call, steps: list[tuple[ast.Call, str]], backwards: list[ast.Call]) -> bool:
+        """A backward pass between the previous step (of any optimizer) and this one: the optimizer has a loss
+        of its own. ``optimizer.step(); ema_optimizer.step()`` (a weight average stepped after the real
+        optimizer, which reads no gradients) has none."""
+        here = position(step)
+        previous = max((position(c) for c, _ in steps if position(c) < here), default=(0, 0))
+        return any(previous < position(b) < here for b in backwards)
+
+    def _not_an_optimizer(self, step: ast.Call) -> bool:
+        """Built by a class of this file that is not an optimizer (``WeightEMA(model, ema_model)``)."""
+        for b in self.ctx.bindings_of(self._optimizer_node(step)):
+            if b.kind == "assign" and isinstance(b.value, ast.Call) and isinstance(b.value.func, ast.Name):
+                for cls in self.ctx.nodes(ast.ClassDef):
+                    if cls.name == b.value.func.id and not any(  # type: ignore[attr-defined]
+                        "optim" in (self.ctx.qualname(base) or dotted(base) or "").lower()
+                        for base in cls.bases  # type: ignore[attr-defined]
+                    ):
+                        return True
+        return False
+
+    def _optimizer_node(self, step: ast.Call) -> ast.AST:
+        return step.args[0] if step.args else step.func.value  # type: ignore[attr-defined]
+
+    def _built_in(self, step: ast.Call, loop: ast.AST) -> bool:
+        """A fresh optimizer every iteration: a numerical check, not a training loop."""
+        receiver = self._optimizer_node(step)
         return any(self.ctx.is_inside(b.stmt, loop) for b in self.ctx.bindings_of(receiver, step))
 
     def _is_backward(self, call: ast.Call) -> bool:
@@ -160,3 +291,8 @@ def _own_calls(loop: ast.AST) -> list[ast.Call]:
 
 def _own_loops(loop: ast.AST) -> list[ast.AST]:
     return [n for n in walk_own(ast.iter_child_nodes(loop)) if isinstance(n, _LOOPS)]
+
+
+def _overlap(a: str, b: str) -> bool:
+    """``netG`` and ``netG.main``: one module holds the other."""
+    return same_or_below(a, b) or same_or_below(b, a)

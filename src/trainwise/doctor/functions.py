@@ -1,0 +1,484 @@
+"""Per-function and per-block summaries shared by the training-loop rules (TW104, TW105, TW106).
+
+``Context`` answers questions about one node; this module answers questions that follow a call into the
+same-file function it calls, or read a block's statements in order:
+
+- ``Functions.reached(container)``: the same-file functions that code in ``container`` calls (transitively),
+  each with the call that reaches it and what each of its parameters stands for at the top call (``self``
+  included), so that ``clear(opt_d)`` -> ``def clear(optimizer): optimizer.zero_grad()`` zeroes ``opt_d``;
+- ``Functions.trains(container)``: whether code there (or a function it calls) runs a backward pass, steps
+  an optimizer, zeroes gradients, or asks autograd for gradients: training, not evaluation;
+- ``Functions.flows_into_backward(region)``: whether a value computed or collected in ``region`` reaches a
+  ``backward()`` of the same scope after it (rollouts stored for a later update);
+- ``Functions.eval_loops()``: loops that run a model after ``model.eval()`` (or ``model = ....eval()``) in
+  the same block, with no ``model.train()`` in between;
+- ``Functions.optimizer_modules(node)``: the modules whose ``.parameters()`` an optimizer was built from.
+
+Built lazily, once per ``Context`` (a weak table, so nothing outlives the file); every answer leans towards
+"unknown" (``None``) or towards silence, as the context does. No torch import, no recursion over the tree.
+"""
+
+from __future__ import annotations
+
+import ast
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from trainwise.doctor.context import (
+    DEFINITIONS,
+    Binding,
+    Context,
+    dotted,
+    is_const,
+    last_name,
+    method_call,
+    position,
+    walk_own,
+)
+
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_STATEMENT_LISTS = ("body", "orelse", "finalbody")
+# Calls that mean "this code trains": gradients are computed, applied or cleared.
+_TRAINING_METHODS = frozenset({"backward", "manual_backward", "zero_grad", "retain_grad", "requires_grad_"})
+_AUTOGRAD_FUNCTIONS = frozenset({"grad", "vjp", "jvp", "jacobian", "hessian", "jacrev", "jacfwd", "vmap_grad",
+                                 "enable_grad", "set_grad_enabled", "backward"})
+# Methods that return the module itself (model.to(device).eval()).
+_CHAINABLE = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "eval", "train",
+                        "requires_grad_"})
+# nn.Module methods: on a module they are torch's, not a same-named method of a non-module class of the file
+_MODULE_API = frozenset({"train", "eval", "to", "cuda", "cpu", "forward", "parameters", "named_parameters",
+                         "state_dict", "load_state_dict", "zero_grad", "apply", "modules", "children",
+                         "requires_grad_", "half", "float", "double", "register_forward_hook"})
+_MAX_REACHED = 200  # functions followed from one container: enough for real files, bounded for generated ones
+_COLLECTING = frozenset({"append", "extend", "insert", "add", "update", "appendleft", "put", "setdefault"})
+
+
+@dataclass(frozen=True)
+class Reached:
+    """A same-file function reached from a container: ``call`` is the call that reaches it (in the container,
+    or in a function reached before it); ``params`` maps each parameter the call fills to the expression it
+    stands for at the top (``None`` when that is not a plain name or attribute chain)."""
+
+    function: ast.FunctionDef | ast.AsyncFunctionDef
+    call: ast.Call
+    params: dict[str, ast.expr | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EvalLoop:
+    """A loop that runs ``model`` after ``marker`` (``model.eval()``) in the same block."""
+
+    marker: ast.stmt
+    model: str
+    loop: ast.AST
+    calls: tuple[ast.Call, ...]
+
+
+class Functions:
+    """Summaries of one file's functions and blocks, computed on demand and cached."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._trains: dict[int, bool] = {}
+        self._seeds: dict[int, list[tuple[ast.AST, ast.Call]]] = {}
+        self._flows: dict[int, tuple[set[int], set[str]]] = {}
+        self._eval_loops: list[EvalLoop] | None = None
+
+    # ------------------------------------------------------------------------------------- call resolution
+    def targets(self, call: ast.Call) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+        """Same-file functions a call may call, by name: ``f(...)`` a function that is not a method,
+        ``self.f(...)`` / ``obj.f(...)`` a method of a class of the file. ``model.train()`` on a module is
+        ``nn.Module.train`` unless a module class of the file defines it (not a ``def train(...)`` loop)."""
+        func = call.func
+        name = last_name(func)
+        if name is None:
+            return []
+        found = []
+        for fn in self.ctx.functions_named(name):
+            owner = self.ctx.scope(fn)
+            is_method = isinstance(owner, ast.ClassDef)
+            if is_method != isinstance(func, ast.Attribute):
+                continue
+            if (is_method and name in _MODULE_API and dotted(func.value) != "self"  # type: ignore[attr-defined]
+                    and self.ctx.is_module(func.value) and owner.name not in self.ctx.module_classes):  # type: ignore[attr-defined]
+                continue
+            found.append(fn)
+        return found
+
+    def bind(self, call: ast.Call, fn: ast.FunctionDef | ast.AsyncFunctionDef,
+             outer: dict[str, ast.expr | None] | None = None) -> dict[str, ast.expr | None]:
+        """Parameter name -> the expression passed for it (``self`` -> the receiver of a method call),
+        translated through ``outer`` (the parameters of the function holding the call)."""
+        args = fn.args
+        params = [a.arg for a in (*args.posonlyargs, *args.args)]
+        # a parameter the call does not fill (a default, *args, **kwargs) stands for nothing known
+        bound: dict[str, ast.expr | None] = {a.arg: None for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+        for extra in (args.vararg, args.kwarg):
+            if extra is not None:
+                bound[extra.arg] = None
+        is_method = self.ctx.enclosing_class(fn) is not None and self.ctx.scope(fn) is self.ctx.enclosing_class(fn)
+        static = any(last_name(d) == "staticmethod" for d in fn.decorator_list)
+        if is_method and not static and params and isinstance(call.func, ast.Attribute):
+            bound[params[0]] = call.func.value
+            params = params[1:]
+        elif is_method and not static and params and params[0] in ("self", "cls"):
+            params = params[1:]
+        for name, arg in zip(params, call.args):
+            if isinstance(arg, ast.Starred):
+                break
+            bound[name] = arg
+        for kw in call.keywords:
+            if kw.arg in bound:
+                bound[kw.arg] = kw.value
+        if outer is None:
+            return bound
+        return {name: self.translate(expr, outer) for name, expr in bound.items()}
+
+    def translate(self, expr: ast.expr | None, params: dict[str, ast.expr | None]) -> ast.expr | None:
+        """``expr`` (inside a reached function) as the expression it stands for at the top: a parameter is
+        replaced by its argument; anything else that starts from a parameter, or is not a plain name or
+        attribute chain, is ``None``; names that are not parameters stay as they are (globals, ``self.x``
+        when ``self`` was not bound)."""
+        if expr is None or dotted(expr) is None:
+            return None
+        root = expr
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        assert isinstance(root, ast.Name)
+        if root.id not in params:
+            return expr
+        if root is expr:
+            return params[root.id]
+        base = params[root.id]
+        if base is None or dotted(base) is None:
+            return None
+        if dotted(base) == root.id:  # self.method() calling self.helper(): same receiver, same nodes
+            return expr
+        return None
+
+    def reached(self, container: ast.AST, depth: int = 3) -> list[Reached]:
+        """Same-file functions that calls in ``container`` reach, transitively (``depth`` levels): once per
+        call that reaches them, so that ``clear(opt_d)`` and ``clear(opt_g)`` both count (at most 200)."""
+        found: list[Reached] = []
+        seen: set[tuple[int, int]] = set()  # (function, call): clear(opt_d) and clear(opt_g) both count
+        frontier: list[tuple[ast.AST, dict[str, ast.expr | None] | None]] = [(container, None)]
+        for _ in range(depth):
+            next_frontier: list[tuple[ast.AST, dict[str, ast.expr | None] | None]] = []
+            for node, outer in frontier:
+                for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+                    for fn in self.targets(call):
+                        if fn is container or (id(fn), id(call)) in seen or len(found) >= _MAX_REACHED:
+                            continue
+                        seen.add((id(fn), id(call)))
+                        params = self.bind(call, fn, outer)
+                        found.append(Reached(fn, call, params))
+                        next_frontier.append((fn, params))
+            frontier = next_frontier
+            if not frontier:
+                break
+        return found
+
+    # ----------------------------------------------------------------------------------------- training
+    def trains(self, container: ast.AST, depth: int = 2) -> bool:
+        """Whether code in ``container`` or a same-file function it calls computes, applies or clears
+        gradients: ``backward()``, ``optimizer.step()``, ``zero_grad()``, ``torch.autograd.grad``,
+        ``requires_grad_()``, ``enable_grad()``, an assignment to ``.requires_grad``."""
+        if self._trains_here(container):
+            return True
+        return any(self._trains_here(r.function) for r in self.reached(container, depth))
+
+    def _trains_here(self, container: ast.AST) -> bool:
+        key = id(container)
+        cached = self._trains.get(key)
+        if cached is None:
+            cached = any(self._training_node(n) for n in ast.walk(container))
+            self._trains[key] = cached
+        return cached
+
+    def _training_node(self, node: ast.AST) -> bool:
+        if isinstance(node, ast.Attribute):
+            if node.attr in _TRAINING_METHODS or node.attr == "requires_grad":
+                return True
+            if node.attr in _AUTOGRAD_FUNCTIONS and (dotted(node) or "").startswith(("torch.", "autograd.")):
+                return True
+        if isinstance(node, ast.Name) and node.id in ("grad", "backward", "enable_grad", "vjp", "jacrev", "jacfwd"):
+            return self.ctx.qualname(node) is not None  # from torch.autograd import grad
+        if method_call(node, "step"):
+            receiver = node.func.value  # type: ignore[attr-defined]
+            name = (dotted(receiver) or "").lower()
+            return "sched" not in name and (self.ctx.is_optimizer(receiver) or "scaler" in name)
+        return False
+
+    def flows_into_backward(self, region: ast.AST) -> bool:
+        """Whether a value bound or collected inside ``region`` reaches a ``backward()`` (or
+        ``torch.autograd.grad``) of the same scope: outputs kept for a later update. (A backward inside the
+        region itself is ``trains``' business.)"""
+        feeding, keys = self._feeding(self.ctx.scope(region))
+        if id(region) in feeding:
+            return True
+        collected = _collected_in(region)
+        return any(key in collected or key.split(".", 1)[0] in collected for key in keys)
+
+    def _feeding(self, scope: ast.AST) -> tuple[set[int], set[str]]:
+        """For a scope: the ids of every node holding a binding whose value flows into one of its
+        ``backward()`` calls (the binding statements and all their ancestors), and the dotted names read on
+        the way. Computed once per scope, whatever region is asked about."""
+        cached = self._flows.get(id(scope))
+        if cached is not None:
+            return cached
+        feeding: set[int] = set()
+        keys: set[str] = set()
+        seen: set[tuple[str, int]] = set()
+        work = [(expr, at, 0) for expr, at in self._backward_seeds(scope)]
+        while work:
+            expr, at, depth = work.pop()
+            for ref in _references(expr):
+                key = dotted(ref) or ""
+                keys.add(key)
+                if depth >= 6 or (key, id(at)) in seen:
+                    continue
+                seen.add((key, id(at)))
+                for b in self._reaching(ref, at):
+                    if b.kind == "for":  # a loop target is a batch, not a value computed in the scope
+                        continue
+                    if id(b.stmt) not in feeding:
+                        feeding.add(id(b.stmt))
+                        feeding.update(id(a) for a in self.ctx.ancestors(b.stmt))
+                    if b.value is not None and b.kind in ("assign", "augassign", "walrus", "with"):
+                        work.append((b.value, b.stmt, depth + 1))
+        self._flows[id(scope)] = (feeding, keys)
+        return feeding, keys
+
+    def _backward_seeds(self, scope: ast.AST) -> list[tuple[ast.AST, ast.Call]]:
+        """(differentiated expression, the call) for every ``backward()``/``autograd.grad`` of a scope."""
+        cached = self._seeds.get(id(scope))
+        if cached is not None:
+            return cached
+        body = scope.body if isinstance(scope, (*_FUNCTIONS, ast.Module)) else []  # type: ignore[attr-defined]
+        seeds: list[tuple[ast.AST, ast.Call]] = []
+        for node in walk_own(body):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in ("backward", "manual_backward"):
+                seeds.append((func.value, node))
+                seeds.extend((a, node) for a in node.args)
+            elif last_name(func) in ("grad", "backward") and (self.ctx.qualname(func) or "").startswith("torch."):
+                seeds.extend((a, node) for a in node.args)
+        self._seeds[id(scope)] = seeds
+        return seeds
+
+    def _reaching(self, ref: ast.AST, at: ast.AST) -> list[Binding]:
+        """The binding of ``ref`` last before ``at`` in the source, a loop enclosing ``at`` included (so that
+        ``x = x.to(device)`` reads the loop's ``x``); all of them when none is before."""
+        found = [b for b in self.ctx.bindings_of(ref, at) if b.kind != "del"]
+        here = position(at)
+        before = [b for b in found if position(b.stmt) < here]
+        return [max(before, key=lambda b: position(b.stmt))] if before else found
+
+    # -------------------------------------------------------------------------------------- evaluation
+    def eval_loops(self) -> list[EvalLoop]:
+        """Loops that call a model after ``model.eval()`` / ``model.train(False)`` / ``model = ....eval()``
+        in the same statement list, before any ``model.train()``: the outermost such loop of each later
+        statement, with the calls of that model (or of its submodules) in it."""
+        if self._eval_loops is not None:
+            return self._eval_loops
+        found: list[EvalLoop] = []
+        if not any(method_call(c, "eval", "train") for c in self.ctx.nodes(ast.Call)):
+            self._eval_loops = found
+            return found
+        for statements in self._statement_lists():
+            for i, stmt in enumerate(statements):
+                model = self._eval_marker(stmt)
+                if model is None:
+                    continue
+                for later in statements[i + 1:]:
+                    if self._sets_train_mode(later, model) or self._eval_marker(later) == model:
+                        break  # back to training, or a new marker of the same model that takes over
+                    for loop in _outer_loops(later):
+                        calls = tuple(c for c in self._model_calls(loop) if _same_or_below(dotted(c.func), model))
+                        if calls:
+                            found.append(EvalLoop(stmt, model, loop, calls))
+        self._eval_loops = found
+        return found
+
+    def _statement_lists(self) -> Iterator[list[ast.stmt]]:
+        stack: list[ast.AST] = [self.ctx.tree]
+        while stack:
+            node = stack.pop()
+            for name in _STATEMENT_LISTS:
+                value = getattr(node, name, None)
+                if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+                    yield value
+                    stack.extend(value)
+            for handler in getattr(node, "handlers", ()) or ():
+                yield handler.body
+                stack.extend(handler.body)
+            for case in getattr(node, "cases", ()) or ():
+                yield case.body
+                stack.extend(case.body)
+
+    def _eval_marker(self, stmt: ast.stmt) -> str | None:
+        """``model.eval()`` / ``model.train(False)`` as a statement, or ``model = <chain>.eval()``: the model."""
+        if isinstance(stmt, ast.Expr):
+            call = stmt.value
+            while isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+                if _is_eval_call(call):
+                    receiver = _unchain(call.func.value)
+                    name = dotted(receiver)
+                    if name is not None and self.ctx.is_module(receiver):
+                        return name
+                    return None
+                if call.func.attr not in _CHAINABLE:
+                    return None
+                call = call.func.value
+            return None
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            value = stmt.value
+            if len(targets) != 1 or dotted(targets[0]) is None or value is None:
+                return None
+            while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+                if _is_eval_call(value):
+                    return dotted(targets[0])
+                if value.func.attr not in _CHAINABLE:
+                    return None
+                value = value.func.value
+        return None
+
+    def _sets_train_mode(self, stmt: ast.stmt, model: str) -> bool:
+        for node in walk_own([stmt]):
+            if method_call(node, "train") and not _is_eval_call(node):  # type: ignore[arg-type]
+                name = dotted(_unchain(node.func.value))  # type: ignore[attr-defined]
+                if name is None or _same_or_below(model, name) or _same_or_below(name, model):
+                    return True
+        return False
+
+    def _model_calls(self, region: ast.AST) -> list[ast.Call]:
+        return [n for n in walk_own(ast.iter_child_nodes(region))
+                if isinstance(n, ast.Call) and dotted(n.func) is not None and self.ctx.is_model_call(n)
+                and not self.ctx.is_loss_call(n)]
+
+    # --------------------------------------------------------------------------------------- optimizers
+    def optimizer_modules(self, node: ast.AST) -> set[str] | None:
+        """Dotted names of the modules an optimizer was built from (``Adam(netG.parameters())`` ->
+        ``{"netG"}``; param groups, ``chain``, ``list(a.parameters()) + ...`` included); ``None`` when any
+        place that builds it is unknown (a parameter, a factory, a list of tensors)."""
+        bindings = [b for b in self.ctx.bindings_of(node) if b.kind != "del"]
+        if not bindings:
+            return None
+        modules: set[str] = set()
+        for b in bindings:
+            if b.kind != "assign" or b.unpacked or not isinstance(b.value, ast.Call):
+                return None
+            found = self._parameter_sources(b.value, b.stmt, 0)
+            if not found:
+                return None
+            modules |= found
+        return modules
+
+    def _parameter_sources(self, expr: ast.AST, at: ast.AST, depth: int) -> set[str] | None:
+        found: set[str] = set()
+        for node in ast.walk(expr):
+            if method_call(node, "parameters", "named_parameters"):
+                name = dotted(_unchain(node.func.value))  # type: ignore[attr-defined]
+                if name is None:
+                    return None
+                found.add(name)
+            elif isinstance(node, ast.Name) and depth < 3 and node is not getattr(expr, "func", None):
+                for b in self.ctx.reaching(node, at):
+                    if b.kind == "assign" and b.value is not None and not b.unpacked:
+                        more = self._parameter_sources(b.value, b.stmt, depth + 1)
+                        if more:
+                            found |= more
+        return found or None
+
+
+_TABLES: weakref.WeakKeyDictionary[Context, Functions] = weakref.WeakKeyDictionary()
+
+
+def functions(ctx: Context) -> Functions:
+    """The (cached) function summaries of one file."""
+    table = _TABLES.get(ctx)
+    if table is None:
+        table = _TABLES[ctx] = Functions(ctx)
+    return table
+
+
+def same_or_below(name: str | None, module: str) -> bool:
+    """``model`` or ``model.encoder`` for ``model``: the module or one of its attributes."""
+    return _same_or_below(name, module)
+
+
+def _same_or_below(name: str | None, module: str) -> bool:
+    return name is not None and (name == module or name.startswith(module + "."))
+
+
+def is_eval_call(node: ast.AST) -> bool:
+    """``x.eval()`` or ``x.train(False)`` / ``x.train(mode=False)``."""
+    return isinstance(node, ast.Call) and _is_eval_call(node)
+
+
+def _is_eval_call(call: ast.Call) -> bool:
+    """``x.eval()`` or ``x.train(False)`` / ``x.train(mode=False)``."""
+    if not isinstance(call.func, ast.Attribute):
+        return False
+    if call.func.attr == "eval":
+        return not call.args and not call.keywords
+    if call.func.attr == "train":
+        values = [*call.args, *(kw.value for kw in call.keywords if kw.arg == "mode")]
+        return len(values) == 1 and is_const(values[0], False)
+    return False
+
+
+def _unchain(node: ast.AST) -> ast.AST:
+    """``model.to(device).eval()`` -> ``model``: strip calls of methods that return the module."""
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CHAINABLE:
+        node = node.func.value
+    return node
+
+
+def _outer_loops(stmt: ast.stmt) -> list[ast.AST]:
+    """The outermost loops (``for``/``while``, or a comprehension's expression) in a statement."""
+    found: list[ast.AST] = []
+    stack: list[ast.AST] = [stmt]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, DEFINITIONS):
+            continue
+        if isinstance(node, (*_LOOPS, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            found.append(node)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _references(expr: ast.AST) -> list[ast.AST]:
+    """Names and attribute chains read in an expression (``outputs.loss`` and ``outputs``)."""
+    refs: list[ast.AST] = []
+    for node in ast.walk(expr):
+        if isinstance(node, (ast.Name, ast.Attribute)) and dotted(node) is not None:
+            refs.append(node)
+    return refs
+
+
+def _collected_in(region: ast.AST) -> set[str]:
+    """Dotted names that ``region`` adds to in place: ``xs.append(...)``, ``xs[i] = ...``, ``xs += ...``."""
+    found: set[str] = set()
+    for node in ast.walk(region):
+        if method_call(node, *_COLLECTING):
+            name = dotted(node.func.value)  # type: ignore[attr-defined]
+            if name is not None:
+                found.add(name)
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Subscript) and dotted(target.value) is not None:
+                    found.add(dotted(target.value))  # type: ignore[arg-type]
+                elif isinstance(node, ast.AugAssign) and dotted(target) is not None and not isinstance(
+                    node.value, ast.Constant
+                ):
+                    found.add(dotted(target))  # type: ignore[arg-type]
+    return found
