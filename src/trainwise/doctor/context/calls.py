@@ -1,0 +1,193 @@
+"""The same-file call graph: helpers a region calls, their call sites, and the file's evaluation regions."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+
+from trainwise.doctor.context.syntax import (
+    DEFINITIONS,
+    last_name,
+    position,
+)
+
+_TORCH_LIBRARIES = frozenset(
+    {"torch", "torchvision", "torchaudio", "torchtext", "lightning", "pytorch_lightning", "transformers", "timm",
+     "accelerate", "trainwise", "torchmetrics", "diffusers", "peft"}
+)
+
+_EVAL_WORD = re.compile(r"val|valid|validation|test|testing|eval|evaluation|dev", re.IGNORECASE)
+
+_EVAL_LOADER = re.compile(
+    r"(?:\w*_)?(?:val|valid|validation|test|testing|eval|evaluation|dev)(?:_?\w*)?(?:loader|dl|dataloader|iter)s?"
+    r"|(?:val|valid|validation|test|eval|dev)_?(?:dl|loader|dataloader)",
+    re.IGNORECASE,
+)
+
+_EVAL_FUNCTION = re.compile(
+    r"_*(?:run_|do_|model_)?(?:evaluate|evaluation|eval|validate|validation|valid|val|test)"
+    r"(?:_(?:epoch|loop|model|one_epoch|once|all|net|network|accuracy|loss|metrics))?"
+    r"|_*\w+_(?:evaluate|evaluation|validate|validation|eval)",
+)
+
+_LOOP_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "progress_bar", "track", "zip"})
+
+def _loops_of(fn: ast.AST) -> list[ast.AST]:
+    """Loops of a function's own body (nested functions excluded)."""
+    found = []
+    stack = list(ast.iter_child_nodes(fn))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.comprehension)):
+            found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+class CallGraph:
+    """The same-file call graph and the evaluation regions (a part of :class:`Context`)."""
+
+    def uses_torch(self) -> bool:
+        """Whether the file imports torch or a library built on it (lightning, torchvision, transformers ...).
+        Rules that recognise models by their names use it to stay silent on Keras, JAX or scikit-learn code."""
+        cached = self._cache.get(("uses_torch", 0))  # type: ignore[arg-type]
+        if cached is None:
+            roots = {q.split(".", 1)[0] for q in self.aliases.values()}
+            cached = bool(roots & _TORCH_LIBRARIES)
+            self._cache[("uses_torch", 0)] = cached  # type: ignore[index]
+        return cached  # type: ignore[return-value]
+
+    def functions_named(self, name: str) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+        """Every function or method of the file with this name (any class, any nesting)."""
+        table = self._cache.get(("functions", 0))  # type: ignore[arg-type]
+        if table is None:
+            table = {}
+            for tp in (ast.FunctionDef, ast.AsyncFunctionDef):
+                for fn in self.nodes(tp):
+                    table.setdefault(fn.name, []).append(fn)  # type: ignore[attr-defined]
+            self._cache[("functions", 0)] = table  # type: ignore[index]
+        return table.get(name, [])  # type: ignore[union-attr]
+
+    def under_unknown_with(self, node: ast.AST, known: frozenset[str]) -> bool:
+        """True when a ``with`` around ``node`` (in its own function) names a context outside ``known``: it
+        may switch modes or autograd, so a rule that cannot tell stays silent."""
+        for parent in self.ancestors(node):
+            if isinstance(parent, DEFINITIONS):
+                return False
+            if isinstance(parent, (ast.With, ast.AsyncWith)):
+                for item in parent.items:
+                    expr = item.context_expr
+                    func = expr.func if isinstance(expr, ast.Call) else expr
+                    if last_name(func) not in known:
+                        return True
+        return False
+
+    def calls_within(self, container: ast.AST) -> list[ast.Call]:
+        """Every call inside ``container`` (nested functions, lambdas and comprehensions included)."""
+        return [n for n in ast.walk(container) if isinstance(n, ast.Call)]
+
+    def helpers_called(self, container: ast.AST, depth: int = 3) -> list[ast.AST]:
+        """Same-file functions that code in ``container`` calls, followed transitively up to ``depth`` levels:
+        ``f(...)``, ``self.f(...)``, ``obj.f(...)`` (any function or method of the file named ``f``)."""
+        seen: dict[int, ast.AST] = {}
+        frontier = [container]
+        for _ in range(depth):
+            next_frontier = []
+            for node in frontier:
+                for call in self.calls_within(node):
+                    name = last_name(call.func)
+                    if name is None:
+                        continue
+                    for fn in self.functions_named(name):
+                        if id(fn) not in seen and fn is not container:
+                            seen[id(fn)] = fn
+                            next_frontier.append(fn)
+            frontier = next_frontier
+            if not frontier:
+                break
+        return list(seen.values())
+
+    def reaches_call(self, container: ast.AST, predicate: Callable[[ast.Call], bool], depth: int = 3) -> bool:
+        """Whether a call satisfying ``predicate`` happens in ``container`` or in a same-file helper it calls
+        (transitively, ``depth`` levels): "zeroes its gradients in a helper" counts as zeroing them."""
+        for node in (container, *self.helpers_called(container, depth)):
+            if any(predicate(call) for call in self.calls_within(node)):
+                return True
+        return False
+
+    def evaluation_regions(self) -> list[tuple[ast.AST, list[ast.Call]]]:
+        """Evaluation loops of the file, each with the model calls it runs: a loop over a validation or test
+        loader (``for x, y in val_loader``), or a function named like ``evaluate``/``validate``/``test``
+        whose loop runs the model. Methods of ``nn.Module``/Lightning classes, ``*_step`` hooks, and
+        ``test_*`` functions of test files are left out. Empty unless the file uses torch."""
+        cached = self._cache.get(("evaluations", 0))  # type: ignore[arg-type]
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        regions: list[tuple[ast.AST, list[ast.Call]]] = []
+        if self.uses_torch():
+            seen: set[int] = set()
+            for tp in (ast.FunctionDef, ast.AsyncFunctionDef):
+                for fn in self.nodes(tp):
+                    if self._is_evaluation_function(fn):  # type: ignore[arg-type]
+                        loops = [self.parent(lp) if isinstance(lp, ast.comprehension) else lp for lp in _loops_of(fn)]
+                        calls = [c for loop in loops if loop is not None for c in self._model_calls(loop)]
+                        calls = list({id(c): c for c in calls}.values())
+                        if calls:
+                            regions.append((fn, sorted(calls, key=position)))
+                            seen.update(id(c) for c in calls)
+            for tp in (ast.For, ast.AsyncFor, ast.comprehension):
+                for loop in self.nodes(tp):
+                    if self._is_evaluation_loader(loop.iter):  # type: ignore[attr-defined]
+                        if isinstance(loop, ast.comprehension):
+                            loop = self.parent(loop)  # the comprehension expression
+                        calls = [c for c in self._model_calls(loop) if id(c) not in seen]
+                        if calls:
+                            regions.append((loop, sorted(calls, key=position)))
+        self._cache[("evaluations", 0)] = regions  # type: ignore[index]
+        return regions
+
+    def _is_evaluation_function(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        name = fn.name
+        if not _EVAL_FUNCTION.fullmatch(name) or name.endswith("_step"):
+            return False
+        cls = self.enclosing_class(fn)
+        if cls is not None and cls.name in self.module_classes:
+            return False
+        if name.startswith("test"):
+            base = self.path.replace("\\", "/").rsplit("/", 1)[-1]
+            if base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py":
+                return False
+            if any(q.split(".", 1)[0] in ("pytest", "unittest") for q in self.aliases.values()):
+                return False
+        return True
+
+    def _is_evaluation_loader(self, expr: ast.AST) -> bool:
+        for _ in range(3):  # enumerate(val_loader), tqdm(val_loader, ...), iter(...)
+            if isinstance(expr, ast.Call) and expr.args and last_name(expr.func) in _LOOP_WRAPPERS:
+                expr = expr.args[0]
+        if isinstance(expr, ast.Subscript):
+            key = expr.slice
+            return (isinstance(key, ast.Constant) and isinstance(key.value, str)
+                    and bool(_EVAL_WORD.fullmatch(key.value)) and self.loader(expr) is not None)
+        name = last_name(expr)
+        return name is not None and bool(_EVAL_LOADER.fullmatch(name)) and self.loader(expr) is not None
+
+    def _model_calls(self, region: ast.AST) -> list[ast.Call]:
+        """Forward calls ``model(x)`` in a region (nested functions excluded)."""
+        found = []
+        stack = list(ast.iter_child_nodes(region))
+        while stack:
+            node = stack.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue
+            if isinstance(node, ast.Call) and self.is_model_call(node) and not self.is_loss_call(node):
+                found.append(node)
+            stack.extend(ast.iter_child_nodes(node))
+        return found
+
+    def call_sites(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
+        """Calls of a same-file function by its name: ``f(...)``, ``self.f(...)``, ``obj.f(...)``."""
+        return [c for c in self.nodes(ast.Call) if last_name(c.func) == fn.name]  # type: ignore[attr-defined]

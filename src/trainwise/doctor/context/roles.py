@@ -1,0 +1,248 @@
+"""The roles of variables: DataLoaders, modules and models, optimizers, losses."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from trainwise.doctor.context.syntax import (
+    _LOADER_NAME,
+    _MODEL_CAMEL,
+    _MODEL_NAME,
+    LoaderInfo,
+    dotted,
+    has_star_kwargs,
+    is_const,
+    keyword,
+    last_name,
+    method_call,
+)
+
+_LOADER_CLASSES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+
+# Methods only an nn.Module has (between them): a receiver of one is a module.
+_MODULE_METHODS = frozenset(
+    {"parameters", "named_parameters", "modules", "named_modules", "children", "named_children", "buffers"}
+)
+
+_MODULE_RETURNING = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval"})
+
+_SUBMODULE_ATTR = re.compile(
+    r"(?:\w*_)?(?:module|model|backbone|encoder|decoder|features|classifier|fc\d*|head|heads|layers?\d*|conv\d*|"
+    r"bn\d*|norm\d*|embeddings?|embed\w*|transformer|blocks?|stem|pooler|lm_head|bert|vit|resnet|"
+    r"base_model|lstm|gru|rnn|attention|attn|mlp|decoder_layers|encoder_layers)(?:_\w*)?",
+    re.IGNORECASE,
+)
+
+_PARAMETER_ATTRS = frozenset({"weight", "bias", "data", "grad", "running_mean", "running_var"})
+
+_OPTIMIZER_NAME = re.compile(r"(?:\w*_)?(?:optimizer|optimiser|opt|optim)(?:_\w*|[A-Z0-9]\w*)?", re.IGNORECASE)
+
+_LOSS_FN_NAME = re.compile(
+    r"(?:\w*_)?(?:criterion|loss_fn|loss_func|lossfn|loss_function|loss_fct|criteria)(?:_\w*)?", re.IGNORECASE
+)
+
+_FUNCTIONAL_LOSSES = frozenset(
+    {
+        "cross_entropy",
+        "nll_loss",
+        "mse_loss",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "binary_cross_entropy",
+        "binary_cross_entropy_with_logits",
+        "kl_div",
+        "cosine_embedding_loss",
+        "margin_ranking_loss",
+        "triplet_margin_loss",
+        "ctc_loss",
+        "poisson_nll_loss",
+        "gaussian_nll_loss",
+        "multi_margin_loss",
+        "soft_margin_loss",
+        "hinge_embedding_loss",
+        "multilabel_margin_loss",
+        "multilabel_soft_margin_loss",
+    }
+)
+
+def _is_model_name(name: str) -> bool:
+    return bool(_MODEL_NAME.fullmatch(name) or _MODEL_CAMEL.fullmatch(name))
+
+def _is_loader_name(name: str) -> bool:
+    return bool(_LOADER_NAME.fullmatch(name)) and "download" not in name.lower()
+
+
+class Roles:
+    """The roles of variables: DataLoaders, modules and models, optimizers, losses. (a part of :class:`Context`)."""
+
+    def loader(self, node: ast.AST, depth: int = 0) -> LoaderInfo | None:
+        """The DataLoader that ``node`` refers to: a variable assigned from ``DataLoader(...)``, or one named
+        like a loader (``train_loader``, ``dl``, ``valid_dl``, ``dataloaders[phase]``); else None."""
+        if depth > 4:
+            return None
+        if isinstance(node, ast.Subscript):
+            name = last_name(node.value)
+            if name is not None and _is_loader_name(name) and name.lower().endswith(("loaders", "dls")):
+                return LoaderInfo(None, False, False)
+            return None
+        if not isinstance(node, (ast.Name, ast.Attribute)):
+            return None
+        bindings = self.bindings_of(node)
+        for b in bindings:
+            if (b.kind in ("assign", "walrus") and not b.unpacked and isinstance(b.value, ast.Call)
+                    and self.is_loader_call(b.value)):
+                return self._loader_info(b.value)
+        name = last_name(node)
+        if name is None or not _is_loader_name(name):
+            return None
+        for b in bindings:
+            if b.kind in ("assign", "walrus") and isinstance(b.value, (ast.Constant, ast.List, ast.Dict, ast.Tuple,
+                                                                       ast.ListComp, ast.DictComp, ast.Set)):
+                return None
+        return LoaderInfo(None, False, False)
+
+    def is_loader_call(self, call: ast.Call) -> bool:
+        """Whether a call constructs a ``torch.utils.data.DataLoader`` (through any alias)."""
+        q = self.qualname(call.func)
+        if q is not None:
+            return q in _LOADER_CLASSES
+        name = last_name(call.func)
+        return name is not None and name.endswith("DataLoader") and not name.startswith("_")
+
+    def _loader_info(self, call: ast.Call) -> LoaderInfo:
+        custom = any(kw.arg in ("sampler", "batch_sampler") for kw in call.keywords) or not is_const(
+            getattr(keyword(call, "drop_last"), "value", ast.Constant(False)), False
+        )
+        no_size = keyword(call, "batch_size") is None
+        if keyword(call, "batch_sampler") is not None or (has_star_kwargs(call) and no_size):
+            return LoaderInfo(call, False, custom)
+        kw = keyword(call, "batch_size")
+        size: ast.AST | None = kw.value if kw is not None else (call.args[1] if len(call.args) > 1 else None)
+        if size is None:
+            return LoaderInfo(call, True, custom)  # DataLoader's default batch_size is 1
+        value = self.constant(size)
+        return LoaderInfo(call, value is None or value == 1, custom)
+
+    def is_module(self, node: ast.AST, depth: int = 0) -> bool:
+        """Whether ``node`` is an ``nn.Module`` instance: a model variable, a known submodule of one
+        (``model.backbone``, ``self.encoder``, ``model[0]``) or a loop variable over ``.modules()``."""
+        if depth > 6:
+            return False
+        key = ("module", id(node))
+        cached = self._cache.get(key)  # type: ignore[arg-type]
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        result = self._is_module(node, depth)
+        self._cache[key] = result  # type: ignore[index]
+        return result
+
+    def _is_module(self, node: ast.AST, depth: int) -> bool:
+        if isinstance(node, ast.Subscript):  # nn.Sequential / nn.ModuleList indexing
+            return self.is_module(node.value, depth + 1)
+        if not isinstance(node, (ast.Name, ast.Attribute)):
+            return False
+        verdict = self._module_from_bindings(node, depth)
+        if verdict is not None:
+            return verdict
+        key = dotted(node)
+        if key is not None:
+            if any(key in self.method_receivers.get(m, ()) for m in _MODULE_METHODS):
+                return True
+            if key in self.called and any(key in self.method_receivers.get(m, ()) for m in ("train", "eval")):
+                return True
+        if self.qualname(node) is not None:
+            return False  # an imported name (torch.Generator, nn.Linear) is a function or class, not a model
+        name = node.id if isinstance(node, ast.Name) else node.attr
+        if name == "self" and isinstance(node, ast.Name):
+            cls = self.enclosing_class(node)
+            return cls is not None and cls.name in self.module_classes
+        if _is_model_name(name):
+            return True
+        if isinstance(node, ast.Name) or node.attr in _PARAMETER_ATTRS:
+            return False
+        return bool(_SUBMODULE_ATTR.fullmatch(node.attr)) and self.is_module(node.value, depth + 1)
+
+    def _module_from_bindings(self, node: ast.AST, depth: int) -> bool | None:
+        verdicts = set()
+        for b in self.bindings_of(node):
+            if b.kind == "for" and b.iter is not None:
+                if (method_call(b.iter, "modules", "children") and not b.unpacked) or (
+                    method_call(b.iter, "named_modules", "named_children") and b.index == 1
+                ):
+                    verdicts.add(True)
+                elif method_call(b.iter, "parameters", "named_parameters", "buffers", "named_buffers"):
+                    verdicts.add(False)
+            elif b.kind == "def":
+                verdicts.add(False)
+            elif b.kind in ("assign", "walrus") and b.value is not None and not b.unpacked:
+                verdict = self._module_value(b.value, depth)
+                if verdict is not None:
+                    verdicts.add(verdict)
+        if len(verdicts) == 1:
+            return verdicts.pop()
+        return None
+
+    def _module_value(self, value: ast.AST, depth: int) -> bool | None:
+        if not isinstance(value, ast.Call):
+            return None
+        func = value.func
+        q = self.qualname(func)
+        if q is not None:
+            last = q.rsplit(".", 1)[-1]
+            if q.startswith("torch.nn.") and not q.startswith(("torch.nn.functional", "torch.nn.init",
+                                                               "torch.nn.utils")):
+                return last[:1].isupper() and last not in ("Parameter", "ParameterList", "ParameterDict",
+                                                           "Buffer", "UninitializedParameter")
+            if q.startswith("torch.") and last[:1].islower() and last not in ("compile",):
+                return False  # torch.zeros, torch.tensor, ...: tensors
+            if q == "torch.compile":
+                return True
+            if q.startswith("torchvision.models.") and last[:1].islower():
+                return True
+            if q in ("timm.create_model",) or (q.startswith("transformers.") and last == "from_pretrained"):
+                return True
+        if isinstance(func, ast.Name) and func.id in self.module_classes:
+            return True
+        if isinstance(func, ast.Attribute) and func.attr in _MODULE_RETURNING and self.is_module(func.value, depth + 1):
+            return True
+        return None
+
+    def is_model_call(self, node: ast.AST) -> bool:
+        """Whether ``node`` is a forward call ``model(x)`` of a module."""
+        return isinstance(node, ast.Call) and self.is_module(node.func)
+
+    def is_optimizer(self, node: ast.AST) -> bool:
+        """Whether ``node`` is an optimizer: assigned from ``torch.optim.<Class>(...)`` or named like one."""
+        for b in self.bindings_of(node):
+            if b.kind == "assign" and isinstance(b.value, ast.Call):
+                q = self.qualname(b.value.func) or ""
+                if q.startswith("torch.optim.") and ".lr_scheduler" not in q and ".swa_utils" not in q:
+                    return True
+        name = last_name(node)
+        return name is not None and bool(_OPTIMIZER_NAME.fullmatch(name))
+
+    def is_loss_call(self, node: ast.AST) -> bool:
+        """Whether ``node`` calls a loss: ``criterion(out, y)``, ``loss_fn(...)``, ``F.cross_entropy(...)``,
+        ``nn.MSELoss()(...)``."""
+        if not isinstance(node, ast.Call):
+            return False
+        func = node.func
+        q = self.qualname(func)
+        if q is not None and q.startswith("torch.nn.functional.") and q.rsplit(".", 1)[1] in _FUNCTIONAL_LOSSES:
+            return True
+        if isinstance(func, ast.Call):  # nn.CrossEntropyLoss()(out, y)
+            inner = self.qualname(func.func) or ""
+            return inner.startswith("torch.nn.") and inner.endswith("Loss")
+        name = last_name(func)
+        if name is None:
+            return False
+        if _LOSS_FN_NAME.fullmatch(name):
+            return True
+        for b in self.bindings_of(func):
+            if b.kind == "assign" and isinstance(b.value, ast.Call):
+                inner = self.qualname(b.value.func) or ""
+                if inner.startswith("torch.nn.") and inner.endswith("Loss"):
+                    return True
+        return False

@@ -1,0 +1,128 @@
+"""Syntax helpers every part of the analysis and the rules share: dotted names, bindings, scopes, loops."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Optional
+
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+# Definitions whose bodies run at another time than the code around them.
+DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+_MODEL_NAME = re.compile(
+    r"(?:\w*_)?(?:model|net|network|encoder|decoder|backbone|classifier|generator|discriminator|teacher|student)"
+    r"(?:_\w*)?",
+    re.IGNORECASE,
+)
+
+_MODEL_CAMEL = re.compile(r"(?:model|net)[A-Z0-9]\w*|\w*(?:Net|Model)\d*")
+
+@dataclass(frozen=True)
+class Binding:
+    """One place a name (or a dotted attribute such as ``self.model``) gets a value.
+
+    ``value`` is the assigned expression (``None`` for parameters, loop targets without a known source, and
+    imports); ``iter`` is what a ``for`` loop iterates over; ``unpacked`` is true for tuple targets.
+    """
+
+    target: ast.AST
+    stmt: ast.AST
+    kind: str  # "assign", "augassign", "for", "with", "param", "import", "walrus", "del"
+    value: Optional[ast.expr] = None  # noqa: UP045 - dataclass annotations stay evaluable on 3.10
+    iter: Optional[ast.expr] = None  # noqa: UP045
+    unpacked: bool = False
+    index: Optional[int] = None  # noqa: UP045 - position in an unpacked tuple target, when known
+
+@dataclass(frozen=True)
+class LoaderInfo:
+    """What is known of a DataLoader: the call that built it (if seen) and whether each batch is one sample."""
+
+    call: ast.Call | None
+    one_sample_per_batch: bool
+    custom_sampling: bool  # sampler/batch_sampler/drop_last: len(loader.dataset) may not be the sample count
+
+def walk_own(nodes: Iterable[ast.AST]) -> Iterator[ast.AST]:
+    """Every node in and below ``nodes``, nested function, lambda and class definitions excluded."""
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, DEFINITIONS):
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+def dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of names and attributes, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+def last_name(node: ast.AST) -> str | None:
+    """The last component of a name or attribute (``nn.Linear`` -> ``Linear``), else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+def keyword(call: ast.Call, name: str) -> ast.keyword | None:
+    """The keyword argument ``name=`` of a call, if given explicitly."""
+    for kw in call.keywords:
+        if kw.arg == name:
+            return kw
+    return None
+
+def has_star_kwargs(call: ast.Call) -> bool:
+    """Whether the call passes ``**kwargs`` (which may hold any keyword)."""
+    return any(kw.arg is None for kw in call.keywords)
+
+def is_const(node: ast.AST | None, value: object) -> bool:
+    """Whether ``node`` is the literal ``value`` (compared by type and value, so ``1`` is not ``True``)."""
+    return isinstance(node, ast.Constant) and type(node.value) is type(value) and node.value == value
+
+def method_call(node: ast.AST, *names: str) -> bool:
+    """Whether ``node`` is a call ``<something>.<name>(...)`` for one of ``names``."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names
+
+def position(node: ast.AST) -> tuple[int, int]:
+    """(line, column) of a node, for ordering; (0, 0) for nodes without a position."""
+    return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+
+_LOADER_NAME = re.compile(r"\w*loaders?\w*|(?:\w+_)?dls?(?:_\w+)?", re.IGNORECASE)
+
+def _inside(node: ast.AST, statements: list[ast.stmt]) -> bool:
+    return any(node is s for s in statements)
+
+_NO_GRAPH_METHODS = frozenset({"item", "tolist", "detach", "argmax", "argmin", "numpy"})
+
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda)
+
+def names_in(node: ast.AST, *, returned: bool = False) -> set[str]:
+    """Dotted names in an expression. For a returned value, only those whose graph can reach the caller:
+    not inside comprehensions or lambdas, nor under ``.item()``/``.argmax()``/``.detach()``."""
+    found = set()
+    stack = [node]
+    while stack:
+        sub = stack.pop()
+        if returned and sub is not node and isinstance(sub, _COMPREHENSIONS):
+            continue
+        if returned and isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and (
+            sub.func.attr in _NO_GRAPH_METHODS
+        ):
+            stack.extend(sub.args)
+            continue
+        if isinstance(sub, (ast.Name, ast.Attribute)):
+            key = dotted(sub)
+            if key is not None:
+                found.add(key)
+        stack.extend(ast.iter_child_nodes(sub))
+    return found
