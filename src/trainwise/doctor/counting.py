@@ -12,7 +12,6 @@ a nested loop, or bound once to something else counts nothing known.
 from __future__ import annotations
 
 import ast
-import weakref
 from dataclasses import dataclass
 
 from trainwise.doctor.context import Context, LoaderInfo, dotted, is_const, last_name, method_call
@@ -50,8 +49,7 @@ class Counting:
     """Answers "what does this count?" for one file; one instance per ``Context`` (see ``counting``)."""
 
     def __init__(self, ctx: Context) -> None:
-        # A proxy: the instance is kept in a WeakKeyDictionary keyed by the context, which it must not keep alive.
-        self.ctx: Context = weakref.proxy(ctx)
+        self.ctx = ctx
         self._memo: dict[tuple[int, int], BatchCount | None] = {}
 
     # ------------------------------------------------------------------------------------------------- API
@@ -297,15 +295,9 @@ class Counting:
         return None
 
 
-_INSTANCES: weakref.WeakKeyDictionary[Context, Counting] = weakref.WeakKeyDictionary()
-
-
 def counting(ctx: Context) -> Counting:
     """The ``Counting`` of a file's context, made once and shared by the rules that ask."""
-    found = _INSTANCES.get(ctx)
-    if found is None:
-        found = _INSTANCES[ctx] = Counting(ctx)
-    return found
+    return ctx.analysis(Counting)
 
 
 def _unwrap(expr: ast.AST) -> ast.AST | None:

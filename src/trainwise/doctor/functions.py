@@ -21,7 +21,6 @@ Built lazily, once per ``Context`` (a weak table, so nothing outlives the file);
 from __future__ import annotations
 
 import ast
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -396,15 +395,9 @@ class Functions:
         return found or None
 
 
-_TABLES: weakref.WeakKeyDictionary[Context, Functions] = weakref.WeakKeyDictionary()
-
-
 def functions(ctx: Context) -> Functions:
     """The (cached) function summaries of one file."""
-    table = _TABLES.get(ctx)
-    if table is None:
-        table = _TABLES[ctx] = Functions(ctx)
-    return table
+    return ctx.analysis(Functions)
 
 
 def same_or_below(name: str | None, module: str) -> bool:

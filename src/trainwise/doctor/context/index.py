@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+from typing import TypeVar
 
 from trainwise.doctor.context.syntax import (
     Binding,
@@ -71,6 +72,9 @@ def _in_own_scope(scope: ast.AST, child: ast.AST) -> bool:
     return True
 
 
+_T = TypeVar("_T")
+
+
 class FileIndex:
     """The file's index, built in one pass: parents, nodes by type, scopes, bindings, import aliases, and"""
 
@@ -88,6 +92,7 @@ class FileIndex:
         self.called: set[str] = set()  # dotted names called like functions: model(x)
         self.module_classes: set[str] = set()  # classes of this file that subclass nn.Module
         self._cache: dict[tuple[str, int], object] = {}
+        self._analyses: dict[type, object] = {}
         self._source_lines: list[str] | None = None
         self._backward_names: dict[int, set[str]] | None = None
         self._index()
@@ -227,6 +232,14 @@ class FileIndex:
                         self.module_classes.add(cls.name)
                         changed = True
                         break
+
+    def analysis(self, kind: type[_T]) -> _T:
+        """The file's ``kind(self)`` (a deeper analysis some rules share, such as what a name counts), made on
+        first use and kept with the context."""
+        found = self._analyses.get(kind)
+        if found is None:
+            found = self._analyses[kind] = kind(self)
+        return found  # type: ignore[return-value]
 
     def nodes(self, node_type: type) -> list[ast.AST]:
         """Every node of exactly this type, in source order of discovery (pre-order)."""
