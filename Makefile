@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ test: $(STAMP)
 	$(BIN)/python -m ruff check .
 	$(BIN)/trainwise doctor src examples benchmarks
 	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)  # the inner loop: every test but those marked slow (CI runs them all with make test)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .

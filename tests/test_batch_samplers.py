@@ -117,11 +117,14 @@ class UnseededBuckets(Buckets):  # a private RNG seeded from the OS: a different
 def _fit(run_dir, batch_sampler, *, interrupt_at=None, resume=None, epochs=3, workers=0):
     model = Recorder(interrupt_at)
     loader = DataLoader(Indexed(), batch_sampler=batch_sampler, num_workers=workers)
-    result = Trainer(
-        epochs=epochs, device="cpu", precision="fp32", progress="off", plot=False, diagnose=False,
-        run_dir=str(run_dir), checkpoint_every=4, accumulation_steps=2, seed=0, resume=resume,
-        optimizer=lambda params: torch.optim.SGD(params, lr=0.3, momentum=0.9),
-    ).fit(model, loader)
+    try:  # an interrupted fit raises KeyboardInterrupt carrying its result
+        result = Trainer(
+            epochs=epochs, device="cpu", precision="fp32", progress="off", plot=False, diagnose=False,
+            run_dir=str(run_dir), checkpoint_every=4, accumulation_steps=2, seed=0, resume=resume,
+            optimizer=lambda params: torch.optim.SGD(params, lr=0.3, momentum=0.9),
+        ).fit(model, loader)
+    except KeyboardInterrupt as exc:
+        result = exc.result
     return model, result
 
 

@@ -23,6 +23,7 @@ def _summary_ok(summary):
     return 0 < summary["min"] <= summary["median"] <= summary["max"]
 
 
+@pytest.mark.slow
 def test_two_sides_one_small_epoch_report_every_figure_and_the_same_result(capsys):
     overhead = _overhead()
     code = overhead.main(["--repeats", "1", "--sizes", "small", "--small-epochs", "1", "--warmup-batches", "1",

@@ -265,3 +265,78 @@ def test_predict_malformed_sidecar_exits_2_with_one_line(small, text, tmp_path, 
     (tmp_path / "m.pt2.json").write_text(text)
     assert main(["predict", str(artifact), str(batch)]) == 2
     assert "sidecar" in _one_line_error(capfd)
+
+
+# -- where export writes by default, and what it never overwrites (issue 16) -----------------------------------
+
+
+def test_export_of_a_run_checkpoint_writes_beside_the_run_folder(demo_artifact, tmp_path, capsys):
+    _, checkpoint = demo_artifact
+    folder = tmp_path / "runs" / "exp" / "checkpoints"
+    folder.mkdir(parents=True)
+    inside = folder / "ckpt-step000000010.pt"
+    inside.write_bytes(checkpoint.read_bytes())
+    assert main(["export", str(inside), "--demo", "--format", "torchscript", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["path"] == str(tmp_path / "runs" / "exp" / "model.torchscript")
+    assert sorted(p.name for p in folder.iterdir()) == ["ckpt-step000000010.pt"]  # nothing added to checkpoints/
+
+
+def test_export_never_replaces_the_checkpoint_it_reads(demo_artifact, tmp_path, capsys):
+    _, checkpoint = demo_artifact
+    renamed = tmp_path / "weights.pt2"  # a checkpoint renamed .pt2: the default output must not be itself
+    renamed.write_bytes(checkpoint.read_bytes())
+    before = renamed.read_bytes()
+    assert main(["export", str(renamed), "--demo", "-o", str(renamed)]) == 2
+    line = _one_line_error(capsys)
+    assert "is the checkpoint being exported" in line and "choose another path" in line
+    assert main(["export", str(renamed), "--demo", "--format", "torchscript"]) == 0
+    capsys.readouterr()
+    assert renamed.read_bytes() == before
+    assert main(["export", str(renamed), "--demo", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["path"] == str(tmp_path / "weights-exported.pt2")
+    assert renamed.read_bytes() == before
+
+
+def test_export_with_weights_of_another_model_is_one_sentence(demo_artifact, tmp_path, capsys):
+    _, checkpoint = demo_artifact
+    argv = ["export", str(checkpoint), "--model", "torch.nn:Linear", "--model-kwargs", '{"in_features": 64, '
+            '"out_features": 10}', "--example-shape", "1,64", "-o", str(tmp_path / "x.pt2")]
+    assert main(argv) == 2
+    line = _one_line_error(capsys)
+    assert "do not fit the model of torch.nn:Linear" in line and "--model and --model-kwargs" in line
+    assert "strict=False" not in line and not any(tmp_path.iterdir())
+
+
+def test_a_failed_torch_export_prints_one_line(tmp_path, monkeypatch, capfd):
+    (tmp_path / "branchy.py").write_text(
+        "import torch\n\n"
+        "class Branchy(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.linear = torch.nn.Linear(3, 2)\n\n"
+        "    def forward(self, x):\n"
+        "        if x.sum() > 0:\n"
+        "            return self.linear(x)\n"
+        "        return -self.linear(x)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["export", "--model", "branchy:Branchy", "--example-shape", "2,3", "-o", "b.pt2"]) == 2
+    line = _one_line_error(capfd)  # torch prints its partial graph to stderr: held back
+    assert "data-dependent control flow" in line and "--format torchscript" in line and "format=" not in line
+    assert not (tmp_path / "b.pt2").exists()
+
+
+def test_predict_on_a_checkpoint_names_the_export_command(demo_artifact, tmp_path, capfd):
+    _, checkpoint = demo_artifact
+    np.save(tmp_path / "x.npy", np.ones((2, 1, 8, 8), dtype=np.float32))
+    for name, extra in (("weights.pt2", []), ("weights.pt", ["--format", "torch.export"])):
+        target = tmp_path / name
+        target.write_bytes(checkpoint.read_bytes())
+        assert main(["predict", str(target), str(tmp_path / "x.npy"), *extra]) == 2
+        line = _one_line_error(capfd)
+        assert "is a checkpoint saved with torch.save, not an exported model" in line
+        assert f"`trainwise export {target} --demo`" in line  # the demo CNN's names and shapes: --demo
+        assert "then run `trainwise predict" in line and "format=" not in line

@@ -41,6 +41,19 @@ def interrupting_model():
     return Interrupting(3, 2)
 
 
+def interrupting_data():
+    raise KeyboardInterrupt
+
+
+def data_list():
+    return list(data())
+
+
+def wide_data():
+    x = torch.randn(16, 5, generator=torch.Generator().manual_seed(0))
+    return TensorDataset(x, (x[:, 0] > 0).long())
+
+
 def record_scheduler(optimizer, gamma=1.0):
     SEEN["optimizer"] = optimizer
     return torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=gamma)
@@ -239,6 +252,70 @@ def test_interrupted_run_exits_130(capsys, tiny):
     )
     assert code == 130
     assert json.loads(out.strip().splitlines()[-1])["stopped"] == "interrupted"
+
+
+def test_interrupted_before_training_exits_130(capsys, tiny):
+    """Ctrl-C while the factories run (no result yet): one line, exit code 130."""
+    name, write = tiny
+    config = write(TINY_CONFIG)
+    code, out, err = fit(capsys, config, f"data.factory={name}:interrupting_data", f"run_dir={config.parent}/r")
+    assert code == 130 and out == "" and err.strip() == "trainwise fit: interrupted."
+
+
+def test_interrupt_raised_out_of_fit_with_its_result_exits_130(capsys, tiny, monkeypatch):
+    """Trainer.fit saves the log and a checkpoint, then re-raises KeyboardInterrupt with the result attached."""
+    from trainwise.trainer import Trainer
+
+    name, write = tiny
+    config = write(TINY_CONFIG)
+    real_fit = Trainer.fit
+
+    def fit_then_raise(self, *args, **kwargs):
+        try:
+            result = real_fit(self, *args, **kwargs)
+        except KeyboardInterrupt as exc:  # a Trainer that already re-raises
+            assert exc.result.stopped == "interrupted"
+            raise
+        exc = KeyboardInterrupt()
+        exc.result = result
+        raise exc
+
+    monkeypatch.setattr(Trainer, "fit", fit_then_raise)
+    run_dir = config.parent / "r"
+    code, out, err = fit(capsys, config, f"model.factory={name}:interrupting_model", "--json", f"run_dir={run_dir}")
+    assert code == 130
+    assert json.loads(out.strip().splitlines()[-1])["stopped"] == "interrupted"
+    assert err.strip().splitlines()[-1] == f"trainwise fit: interrupted; what was logged is in {run_dir}."
+
+
+def test_a_data_factory_that_returns_a_list(capsys, tiny):
+    name, write = tiny
+    config = write(TINY_CONFIG)
+    code, _, err = fit(capsys, config, f"data.factory={name}:data_list", f"run_dir={config.parent}/r")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"[data] factory {name}:data_list returned a list (TensorDataset, TensorDataset)" in err
+    assert "return the tuple (train, val) instead" in err
+    assert not (config.parent / "r").exists()  # refused before the run folder is made
+
+
+def test_data_that_does_not_fit_the_model_is_one_sentence(capsys, tiny):
+    name, write = tiny
+    config = write(TINY_CONFIG)
+    code, _, err = fit(capsys, config, "model.kwargs.width=4", f"data.factory={name}:wide_data",
+                       f"run_dir={config.parent}/r")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"the data of [data] {name}:wide_data does not fit the model of [model] {name}:model" in err
+    assert "mat1 and mat2 shapes cannot be multiplied" in err and err.strip().endswith("what the model takes.")
+
+
+def test_errors_use_the_override_spelling(capsys, tiny, tmp_path):
+    _, write = tiny
+    config = write(TINY_CONFIG)
+    run_dir = tmp_path / "run"
+    assert fit(capsys, config, f"run_dir={run_dir}", "plot=false")[0] == 0
+    code, _, err = fit(capsys, config, f"run_dir={run_dir}")
+    assert code == 2 and "resume=auto" in err and "overwrite=true" in err
+    assert "resume='auto'" not in err and "overwrite=True" not in err
 
 
 def test_factory_kwargs_that_do_not_fit_the_optimizer(capsys, tiny):

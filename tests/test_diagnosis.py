@@ -36,6 +36,7 @@ def test_silent_on_healthy_noisy_and_diverging_runs(train, val):
     assert detect_overfitting(_history(train, val)) is None
 
 
+@pytest.mark.slow
 def test_fires_on_a_run_built_to_overfit(tmp_path):
     seed_everything(0)
     train, val = digits_datasets(0)
@@ -51,6 +52,7 @@ def test_fires_on_a_run_built_to_overfit(tmp_path):
     assert result.plot == tmp_path / "learning_curves.svg" and "<svg" in result.plot.read_text()
 
 
+@pytest.mark.slow
 def test_silent_on_a_healthy_demo_run(tmp_path):
     summary = run_demo(seed=0, run_dir=str(tmp_path), device="cpu", progress="off")
     assert summary["overfitting"] is None

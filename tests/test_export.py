@@ -92,6 +92,7 @@ def exported(request, tmp_path_factory):
     return {"model": model, "example": example, "report": report, "path": path, "modes": modes, "format": format}
 
 
+@pytest.mark.slow
 def test_round_trip_parity_at_three_batch_sizes(exported):
     model, example, report = exported["model"], exported["example"], exported["report"]
     assert report.verified and report.path == exported["path"] and exported["path"].is_file()

@@ -29,6 +29,7 @@ def _report(out: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_dry_run_times_both_sides(gpu_check, capsys):
     assert gpu_check.main(["--cpu-dry-run", "--json", "--peak-tflops", "1"]) == 0
     out = capsys.readouterr().out

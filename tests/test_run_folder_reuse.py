@@ -72,6 +72,7 @@ def test_the_checkpoint_just_written_is_never_pruned_for_another_runs_later_step
     assert path.exists()
 
 
+@pytest.mark.slow
 def test_the_demo_command_refuses_a_used_run_folder_without_a_traceback(tmp_path):
     run = tmp_path / "demo"
     run.mkdir()

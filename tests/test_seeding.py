@@ -94,6 +94,7 @@ def test_prepare_loader_seeds_each_sample_so_workers_do_not_matter():
     assert isinstance(seeded_loader(augmented, batch_size=4, seed=0).dataset, SeededDataset)
 
 
+@pytest.mark.slow
 def test_determinism_restored_imports_nothing_when_nothing_changed():
     """torch.use_deterministic_algorithms imports torch._inductor (about a second): a fit that leaves the
     switch alone must not call it on exit, and one that changed it (warn_only too) gets it back."""

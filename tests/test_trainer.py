@@ -1,6 +1,7 @@
 """The Trainer end to end on real tensors: reproducibility, no graph leaks, precision, bad input, stops."""
 
 import gc
+import io
 import json
 import warnings
 import weakref
@@ -177,7 +178,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_log(tmp_path):
     result = info.value.result
     assert result.stopped == "nonfinite" and len(result.history) == 1  # epoch 1 (steps 1-4) finished
     records = read_log(result.run_dir)
-    assert [r["kind"] for r in records][-1] == "nonfinite"
+    assert [r["kind"] for r in records][-2:] == ["nonfinite", "end"] and records[-1]["status"] == "failed"
     assert any(r["kind"] == "epoch" for r in records)
 
 
@@ -201,10 +202,13 @@ def test_ctrl_c_keeps_what_was_logged(tmp_path):
                 raise KeyboardInterrupt
             return self.lin(x)
 
-    result = _trainer(tmp_path, epochs=3, batch_size=16, log_every=1).fit(_Interrupt(), _data())
+    with pytest.raises(KeyboardInterrupt) as info:  # a script must not run on as if training had finished
+        _trainer(tmp_path, epochs=3, batch_size=16, log_every=1).fit(_Interrupt(), _data())
+    result = info.value.result
     assert result.stopped == "interrupted" and len(result.history) == 1 and result.steps == 5
     records = read_log(result.run_dir)
-    assert [r["kind"] for r in records].count("train") == 5 and records[-1]["kind"] == "interrupted"
+    assert [r["kind"] for r in records].count("train") == 5
+    assert [r["kind"] for r in records][-2:] == ["interrupted", "end"] and records[-1]["status"] == "interrupted"
 
 
 def test_parameter_outside_the_optimizer_is_reported(tmp_path):
@@ -274,3 +278,29 @@ def test_deterministic_fit_restores_the_global_switches(tmp_path):
     with pytest.raises(TrainwiseError):
         _trainer(tmp_path / "b", deterministic=True).fit(_mlp().requires_grad_(False), _data())
     assert torch.are_deterministic_algorithms_enabled() == before
+
+
+def test_the_bar_shows_the_running_loss_from_the_first_steps(tmp_path, monkeypatch):
+    """Before the first log interval the bar gets this process's running values at steps 1, 2, 4, 8... of
+    each epoch (a few reads an epoch); plain lines and other ranks read nothing extra."""
+    import trainwise.trainer
+    from trainwise.progress import BarProgress
+
+    shown = []
+
+    class RecordingBar(BarProgress):
+        advanced = 0
+
+        def advance(self, steps=1):
+            RecordingBar.advanced += steps
+            super().advance(steps)
+
+        def show(self, values):
+            shown.append((RecordingBar.advanced, dict(values)))
+
+    monkeypatch.setattr(trainwise.trainer, "make_progress", lambda mode, stream=None: RecordingBar(io.StringIO()))
+    result = _trainer(tmp_path, epochs=2, batch_size=4, log_every=10).fit(nn.Linear(8, 4), _data())
+    assert result.steps == 32  # 16 windows an epoch
+    # windows 1, 2, 4, 8 of each epoch, and the log interval every 10 (window 20 is both)
+    assert [steps for steps, _ in shown] == [0, 1, 3, 7, 9, 16, 17, 19, 19, 23, 29]
+    assert all("loss" in values for _, values in shown)

@@ -274,7 +274,7 @@ def test_demo_cli_refuses_100000_workers_in_one_line(capsys, tmp_path):
 
     assert main(["demo", "--workers", "100000", "--run-dir", str(tmp_path / "r"), "--json"]) == 2
     err = capsys.readouterr().err
-    assert "num_workers=100000 is more than" in err and len(err.strip().splitlines()) == 1
+    assert "--workers 100000 is more than" in err and len(err.strip().splitlines()) == 1  # the CLI's spelling
     assert not (tmp_path / "r").exists()
 
 

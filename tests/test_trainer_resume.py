@@ -24,11 +24,14 @@ def _fit(run_dir, *, workers, interrupt_at=None, resume=None, epochs=3):
                 raise KeyboardInterrupt
         return F.cross_entropy(outputs, targets)
 
-    result = Trainer(
-        epochs=epochs, batch_size=64, accumulation_steps=2, num_workers=workers, deterministic=True, seed=0,
-        checkpoint_every=5, run_dir=str(run_dir), progress="off", plot=False, loss_fn=loss_fn, resume=resume,
-        scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5),
-    ).fit(model, train, val)
+    try:  # an interrupted fit raises KeyboardInterrupt carrying its result
+        result = Trainer(
+            epochs=epochs, batch_size=64, accumulation_steps=2, num_workers=workers, deterministic=True, seed=0,
+            checkpoint_every=5, run_dir=str(run_dir), progress="off", plot=False, loss_fn=loss_fn, resume=resume,
+            scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5),
+        ).fit(model, train, val)
+    except KeyboardInterrupt as exc:
+        result = exc.result
     return model, result
 
 

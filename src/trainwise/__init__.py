@@ -10,6 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 # Names resolve on first use (PEP 562), so that `import trainwise` (and the doctor) never pays for torch.
 _EXPORTS = {
+    "StepBoundaryInterrupt": "trainwise.interrupts",
+    "MLflowLogger": "trainwise.tracking",
+    "TensorBoardLogger": "trainwise.tracking",
+    "Logger": "trainwise.tracking",
+    "TrainingState": "trainwise.callbacks",
+    "Callback": "trainwise.callbacks",
     "Accuracy": "trainwise.metrics",
     "CheckpointManager": "trainwise.checkpoint.manager",
     "DeviceChoice": "trainwise.device",
@@ -102,6 +108,7 @@ _EXPORTS = {
 
 __all__ = [
     "Accuracy",
+    "Callback",
     "CheckpointManager",
     "DeviceChoice",
     "DiskWriteError",
@@ -114,6 +121,8 @@ __all__ = [
     "GuardFinding",
     "GuardWarning",
     "LoadReport",
+    "Logger",
+    "MLflowLogger",
     "Mean",
     "MetricSet",
     "MicroBatch",
@@ -128,8 +137,11 @@ __all__ = [
     "SeededDataset",
     "ShardSampler",
     "ShardedBatchSampler",
+    "StepBoundaryInterrupt",
+    "TensorBoardLogger",
     "Trainer",
     "TrainerConfig",
+    "TrainingState",
     "TrainwiseError",
     "UnoptimizedParameterWarning",
     "WeightsMismatchError",
@@ -209,6 +221,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
     from trainwise.accumulation import GradientAccumulator, accumulation_steps
     from trainwise.batches import MicroBatch, call_model, count_items, forward_micro_batch, mark_last, split_batch
+    from trainwise.callbacks import Callback, TrainingState
     from trainwise.checkpoint.io import safe_load
     from trainwise.checkpoint.loader import ResumableLoader
     from trainwise.checkpoint.manager import CheckpointManager, find_resume_checkpoint
@@ -255,6 +268,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
         check_finite_everywhere,
         check_optimizer_covers,
     )
+    from trainwise.interrupts import StepBoundaryInterrupt
     from trainwise.metrics import Accuracy, Mean, MetricSet
     from trainwise.optimizers import build_optimizer
     from trainwise.plots import plot_learning_curves, write_learning_curves_svg
@@ -273,5 +287,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
         seeded_sampling,
         set_rng_state,
     )
+    from trainwise.tracking import Logger, MLflowLogger, TensorBoardLogger
     from trainwise.trainer import Trainer
     from trainwise.wrappers import unwrap_model

@@ -62,6 +62,7 @@ class TrainerConfig:
     checkpoints: bool = True  # write checkpoints to run_dir/checkpoints
     distributed: Literal["auto", "ddp", "fsdp", "off"] = "auto"  # under torchrun: auto/ddp wrap in DDP, fsdp shards
     dist_timeout: float = 300.0  # seconds a collective waits for another process before raising (a dead rank)
+    loggers: list[str] = dataclasses.field(default_factory=lambda: ["jsonl"])  # + "tensorboard", "mlflow"
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(TrainerConfig)
@@ -100,6 +101,9 @@ class TrainerConfig:
             )
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise TrainwiseError(f"max_grad_norm must be positive or unset, got {self.max_grad_norm}.")
+        from trainwise.tracking import split_loggers
+
+        self.loggers = split_loggers(self.loggers)[0]  # known names, their packages installed
 
     @classmethod
     def option_names(cls) -> list[str]:
@@ -218,6 +222,8 @@ def _parse_value(name: str, raw: str, hint: Any) -> Any:
         return _parse_value(name, raw, next(a for a in args if a is not type(None)))
     if origin is Literal:
         return _check_type(name, raw, hint)
+    if origin is list and not raw.lstrip().startswith("["):  # loggers=tensorboard,mlflow
+        return _check_type(name, [item.strip() for item in raw.split(",") if item.strip()], hint)
     if origin in (dict, list):
         return _check_type(name, _toml_value(name, raw), hint)
     try:

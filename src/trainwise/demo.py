@@ -149,6 +149,7 @@ def run_finetune_demo(
     from pathlib import Path
 
     from trainwise.freezing import freeze, frozen_norm_layers
+    from trainwise.progress import plural
     from trainwise.runlog import default_run_dir
     from trainwise.seeding import seed_everything
     from trainwise.trainer import Trainer
@@ -162,6 +163,7 @@ def run_finetune_demo(
         progress=progress, overwrite=overwrite,
     )
     pre_train, pre_val = digits_datasets(seed, digits=range(5))
+    _phase(1, f"pretrain the whole model on digits 0-4 ({plural(epochs, 'epoch')})", progress)
     pretrain = Trainer(run_dir=str(root / "pretrain"), **options).fit(model, pre_train, pre_val)  # type: ignore[arg-type]
 
     width = model.head[-1].in_features
@@ -172,6 +174,8 @@ def run_finetune_demo(
     frozen = {k: v.detach().clone() for k, v in model.features.state_dict().items()}
     fine_train, fine_val = digits_datasets(seed, digits=range(5, 10))
     options.update(epochs=epochs + epochs // 2, lr=1e-2, batch_size=32)
+    _phase(2, f"fine-tune a new head on digits 5-9, backbone frozen ({plural(options['epochs'], 'epoch')})",
+           progress)
     finetune = Trainer(run_dir=str(root / "finetune"), **options).fit(model, fine_train, fine_val)  # type: ignore[arg-type]
     after = model.features.state_dict()
     changed = [k for k, v in frozen.items() if not torch.equal(v, after[k])]
@@ -187,3 +191,9 @@ def run_finetune_demo(
         "device": finetune.device,
         "model": model,
     }
+
+
+def _phase(number: int, what: str, progress: str) -> None:
+    """The heading of one phase of the fine-tuning demo (``phase 1/2: ...``), unless progress is off."""
+    if progress != "off":
+        print(f"phase {number}/2: {what}", flush=True)

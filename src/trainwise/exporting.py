@@ -652,6 +652,18 @@ def _difference(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol:
 # -- loading -------------------------------------------------------------------------------------------------
 
 
+class NotAnArtifactError(TrainwiseError):
+    """:func:`load_exported` was given a checkpoint (``torch.save`` or safetensors weights), not an artifact.
+
+    ``kind`` says which (``"trainwise training checkpoint"``, ``"state dict"``...), ``path`` is the file and
+    ``shapes`` the shape of each weight found in it (``{}`` when none was), for a caller that names the export.
+    """
+
+    def __init__(self, message: str, *, path: Path, kind: str, shapes: dict[str, tuple[int, ...]]) -> None:
+        super().__init__(message)
+        self.path, self.kind, self.shapes = path, kind, shapes
+
+
 class ExportedModel:
     """A loaded artifact: call it with tensors (or NumPy arrays) like the original model.
 
@@ -709,17 +721,23 @@ def load_exported(
     what ``torch.export.save`` writes for a plain model: no pickles that torch would load with
     ``weights_only=False``, no native code, aten operators only and no Python source in names, shape expressions
     or guards, so loading one from elsewhere runs no code. TorchScript and ONNX files are programs: load those only
-    from sources you trust like code (docs/security.md). A damaged artifact or sidecar is one sentence too.
+    from sources you trust like code (docs/security.md). A damaged artifact or sidecar is one sentence too, and a
+    checkpoint given in place of an artifact (a ``torch.save`` or safetensors file, whatever its name) is refused
+    with :class:`NotAnArtifactError`, read with ``weights_only=True`` only to say what it is.
     """
     artifact = Path(path)
     if not artifact.is_file():
-        raise TrainwiseError(f"no exported model at {artifact}; check the path (export writes it with export()).")
+        raise TrainwiseError(
+            f"no exported model at {artifact}; check the path (trainwise export, or trainwise.export() in Python, "
+            "writes one)."
+        )
     return _load(artifact, format, device, _read_sidecar(artifact))
 
 
 def _load(
     artifact: Path, format: str | None, device: str | torch.device | None, metadata: dict[str, Any]
 ) -> ExportedModel:
+    _refuse_checkpoint(artifact)
     by_suffix = _SUFFIX_FORMATS.get(artifact.suffix.lower())
     recorded = metadata.get("format")
     if format is None and recorded is not None and by_suffix is not None and recorded != by_suffix:
@@ -743,6 +761,62 @@ def _load(
     if format == "torchscript":
         return _load_torchscript(artifact, metadata, target)
     return _load_onnx(artifact, metadata, target)
+
+
+def _refuse_checkpoint(artifact: Path) -> None:
+    """Raise :class:`NotAnArtifactError` when ``artifact`` is a checkpoint written by ``torch.save`` (or
+    safetensors weights) rather than an exported model, whatever its name says.
+
+    The first bytes and the zip directory tell a ``torch.save`` file from a ``.pt2`` or TorchScript archive (a
+    TorchScript archive has ``code/``); what it holds is read with ``weights_only=True``, so nothing in it runs.
+    """
+    from trainwise.checkpoint.io import SAFETENSORS, TORCH_ZIP, detect_format, safe_load
+    from trainwise.checkpoint.state import is_trainwise_checkpoint
+    from trainwise.checkpoint.weights import find_weights, is_state_dict
+
+    try:
+        kind = detect_format(artifact)
+    except TrainwiseError:  # not a checkpoint in any format: the artifact's own loader says what it is
+        return
+    if kind == TORCH_ZIP:
+        try:
+            with zipfile.ZipFile(artifact) as archive:
+                names = archive.namelist()
+        except Exception:  # a damaged zip: left to the loader's own sentence
+            return
+        root = names[0].split("/", 1)[0] if names and "/" in names[0] else ""
+        if (not root or f"{root}/data.pkl" not in names or f"{root}/constants.pkl" in names
+                or any(not name.startswith(f"{root}/") or name.startswith(f"{root}/code/") for name in names)):
+            return  # a .pt2 or TorchScript archive (or neither): not a torch.save file
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a name that says another format: the content decides here
+            content = safe_load(artifact)
+    except TrainwiseError:
+        if kind == SAFETENSORS:  # only its first bytes looked like safetensors: the loader says what it is
+            return
+        content = None  # a torch.save file needing classes weights_only refuses: still not an artifact
+    if is_trainwise_checkpoint(content):
+        what = "trainwise training checkpoint"
+    elif kind == SAFETENSORS:
+        what = "safetensors weights file"
+    elif is_state_dict(content):
+        what = "state dict (a weights file)"
+    else:
+        what = "checkpoint saved with torch.save"
+    found = find_weights(content) if content is not None else None
+    shapes = {
+        str(key): tuple(value.shape)
+        for key, value in (found[1].items() if found else ())
+        if isinstance(value, torch.Tensor)
+    }
+    raise NotAnArtifactError(
+        f"{artifact} is a {what}, not an exported model; make an artifact from it with trainwise export "
+        f"{artifact} --model package.module:factory --example-shape N,... (or trainwise.export in Python).",
+        path=artifact,
+        kind=what,
+        shapes=shapes,
+    )
 
 
 def _no_grad(function: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,20 +1,120 @@
-"""Progress output: a rich progress bar on a terminal, plain lines otherwise (logs, CI, pipes)."""
+"""Progress output: a rich progress bar on a terminal, plain lines otherwise (logs, CI, pipes).
+
+What both print, in the same words: learning rates in scientific notation (``lr 3.0e-05``), other floats to four
+decimals, durations as ``1.7 s``, ``2 min 3 s`` or ``1 h 2 min`` (:func:`format_duration`), and, while an epoch
+runs, the running metrics of the latest :meth:`PlainProgress.show` and the epoch's ETA (from the time per batch
+and the epoch's length; none while the length is unknown).
+"""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any, TextIO
 
+_clock = time.monotonic  # one name, so that tests can drive the clock
+
+
+def format_duration(seconds: float) -> str:
+    """``40 ms``, ``1.7 s``, ``2 min 3 s``, ``1 h 2 min``: the two largest units, rounded."""
+    if not math.isfinite(seconds):
+        return f"{seconds} s"
+    seconds = max(float(seconds), 0.0)
+    if seconds < 0.0995:
+        return f"{seconds * 1000:.0f} ms"
+    if round(seconds, 1) < 60:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+_PLURALS = {"epoch": "epochs"}  # a hard "ch"
+
+
+def plural(count: int, noun: str, plural_form: str | None = None) -> str:
+    """``1 epoch``, ``2 epochs``, ``1 batch``, ``3 batches``."""
+    if count == 1:
+        return f"{count} {noun}"
+    if plural_form is None:
+        plural_form = _PLURALS.get(noun) or noun + ("es" if noun.endswith(("s", "x", "z", "ch", "sh")) else "s")
+    return f"{count} {plural_form}"
+
+
+def _is_learning_rate(key: str) -> bool:
+    return key == "lr" or key.startswith(("lr_", "lr/")) or key.endswith(("_lr", "/lr")) or "learning_rate" in key
+
+
+def _duration_label(key: str) -> str | None:
+    """The label a duration is printed under (``seconds`` -> ``time``), or None when ``key`` is no duration."""
+    if key in ("seconds", "time", "elapsed"):
+        return "time"
+    if key.endswith("_seconds"):
+        return key[: -len("_seconds")]
+    return None
+
+
+def format_value(key: str, value: Any) -> str:
+    """``key value`` as progress prints it: ``lr 3.0e-05``, ``time 1.7 s``, ``loss 0.2500``, ``step 3``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{key} {value}"
+    label = _duration_label(key)
+    if label is not None:
+        return f"{label} {format_duration(value)}"
+    if _is_learning_rate(key):
+        return f"{key} {value:.1e}"
+    if isinstance(value, float):
+        return f"{key} {value:.4f}" if abs(value) < 1e4 else f"{key} {value:.4g}"
+    return f"{key} {value}"
+
 
 def _format(values: dict[str, Any]) -> str:
-    parts = []
-    for key, value in values.items():
-        if isinstance(value, float):
-            parts.append(f"{key} {value:.4f}" if abs(value) < 1e4 else f"{key} {value:.4g}")
-        else:
-            parts.append(f"{key} {value}")
-    return "  ".join(parts)
+    return "  ".join(format_value(key, value) for key, value in values.items())
+
+
+class _EpochClock:
+    """Batches done in the epoch and the time per batch, for the ETA.
+
+    The time per batch is measured from the epoch's first :meth:`advance` on: that one is either the batches a
+    resumed epoch skips (no time spent) or the first batch (which also pays for warm-up: loader workers, lazy
+    initialisation). Until two advances of an epoch are seen, the previous epoch's time per batch is used.
+    """
+
+    def __init__(self) -> None:
+        self.total: int | None = None
+        self.done = 0
+        self.started = _clock()
+        self.per_batch: float | None = None
+        self._ref: tuple[float, int] | None = None
+
+    def start(self, total: int | None) -> None:
+        self.total, self.done, self.started, self._ref = total, 0, _clock(), None
+
+    def advance(self, steps: int) -> None:
+        now = _clock()
+        self.done += steps
+        if self._ref is None:
+            self._ref = (now, self.done)
+        elif self.done > self._ref[1]:
+            self.per_batch = (now - self._ref[0]) / (self.done - self._ref[1])
+
+    def elapsed(self) -> float:
+        return _clock() - self.started
+
+    def remaining(self) -> float | None:
+        """Seconds left in the epoch's batches, or None (length unknown, no batch timed yet, or all done)."""
+        if self.total is None or self.per_batch is None or self.done >= self.total:
+            return None
+        return (self.total - self.done) * self.per_batch
+
+    def position(self) -> str:
+        """``batch 10/23, ETA 12.3 s``, ``batch 10`` (length unknown), or ``batch 0/23`` (no batch timed)."""
+        text = f"batch {self.done}" if self.total is None else f"batch {self.done}/{self.total}"
+        remaining = self.remaining()
+        return text if remaining is None else f"{text}, ETA {format_duration(remaining)}"
 
 
 class PlainProgress:
@@ -25,23 +125,26 @@ class PlainProgress:
         self.enabled = enabled
         self.interval = interval
         self._epoch = "epoch"
-        self._last_line = time.monotonic()
+        self._timer = _EpochClock()
+        self._last_line = _clock()
 
     def start_epoch(self, epoch: int, epochs: int, total: int | None) -> None:
         self._epoch = f"epoch {epoch}/{epochs}"
+        self._timer.start(total)
 
     def advance(self, steps: int = 1) -> None:
-        pass
+        if self.enabled:
+            self._timer.advance(steps)
 
     def show(self, values: dict[str, Any]) -> None:
-        now = time.monotonic()
-        if now - self._last_line >= self.interval:
-            self.message(f"{self._epoch} (running)  {_format(values)}")
+        """The running metrics: printed when ``interval`` seconds have passed since the last line."""
+        if _clock() - self._last_line >= self.interval:
+            self.message(f"{self._epoch} (running: {self._timer.position()})  {_format(values)}".rstrip())
 
     def message(self, text: str) -> None:
         if self.enabled:
             print(text, file=self.stream, flush=True)
-        self._last_line = time.monotonic()
+        self._last_line = _clock()
 
     def end_epoch(self, epoch: int, epochs: int, values: dict[str, Any]) -> None:
         self.message(f"epoch {epoch}/{epochs}  {_format(values)}")
@@ -51,20 +154,33 @@ class PlainProgress:
 
 
 class BarProgress(PlainProgress):
-    """A rich progress bar per epoch, with the running metrics beside it."""
+    """A rich progress bar per epoch: batches done, time spent, ETA, and the latest running metrics beside it
+    from the first :meth:`show` on."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
         super().__init__(stream)
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
+        from rich.table import Column
+        from rich.text import Text
+
+        timer = self._timer
+
+        class TimeColumn(ProgressColumn):
+            """``3.1 s  ETA 2.8 s``: the epoch's time so far and, once known, the time left."""
+
+            def render(self, task: Any) -> Text:
+                remaining = timer.remaining()
+                text = format_duration(timer.elapsed())
+                return Text(text if remaining is None else f"{text}  ETA {format_duration(remaining)}")
 
         self.console = Console(file=self.stream)
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
+            BarColumn(bar_width=24),
             MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[metrics]}"),
+            TimeColumn(),
+            TextColumn("{task.fields[metrics]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
             console=self.console,
             transient=True,
         )
@@ -72,18 +188,23 @@ class BarProgress(PlainProgress):
         self._progress.start()
 
     def start_epoch(self, epoch: int, epochs: int, total: int | None) -> None:
+        super().start_epoch(epoch, epochs, total)
         if self._task is not None:
             self._progress.remove_task(self._task)
         self._task = self._progress.add_task(f"epoch {epoch}/{epochs}", total=total, metrics="")
 
     def advance(self, steps: int = 1) -> None:
-        self._progress.advance(self._task, steps)
+        self._timer.advance(steps)
+        if self._task is not None:
+            self._progress.advance(self._task, steps)
 
     def show(self, values: dict[str, Any]) -> None:
-        self._progress.update(self._task, metrics=_format(values))
+        """The running metrics, beside the bar at once (the next refresh, a tenth of a second at most)."""
+        if self._task is not None:
+            self._progress.update(self._task, metrics=_format(values))
 
     def message(self, text: str) -> None:
-        self._progress.console.print(text, highlight=False, markup=False)
+        self._progress.console.print(text, highlight=False, markup=False, soft_wrap=True)  # the terminal wraps
 
     def close(self) -> None:
         self._progress.stop()

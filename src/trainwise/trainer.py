@@ -6,9 +6,11 @@ Everything it does, a hand-written loop can do with the same public calls; see d
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +20,7 @@ from trainwise import __version__
 from trainwise.accumulation import GradientAccumulator
 from trainwise.batches import MicroBatch, forward_micro_batch, wants_accuracy
 from trainwise.batches import split_batch as default_split_batch
+from trainwise.callbacks import CallbackList, TrainingState
 from trainwise.checkpoint.compat import FACTS_KEY, check_resume, describe, resume_changes, run_facts
 from trainwise.checkpoint.loader import ResumableLoader
 from trainwise.checkpoint.manager import CheckpointManager
@@ -27,6 +30,7 @@ from trainwise.checkpoint.training import (
     restore_training_checkpoint,
     save_training_checkpoint,
 )
+from trainwise.checkpoint.weights import save_weights
 from trainwise.config import TrainerConfig
 from trainwise.data import StreamCheck, evaluation_loader, length, threads_beside_workers, training_loader, window_steps
 from trainwise.device import resolve_device, resolve_precision
@@ -50,13 +54,15 @@ from trainwise.freezing import pin_frozen_norm_layers, unfreeze_into
 from trainwise.guards.core import Guard, GuardFinding
 from trainwise.guards.loss import NonFiniteLossGuard, check_finite_everywhere
 from trainwise.guards.registry import all_check_classes
+from trainwise.interrupts import StepBoundaryInterrupt
 from trainwise.metrics import Mean, MetricSet
 from trainwise.optimizers import OptimizerArg, build_optimizer, build_scheduler
 from trainwise.plots import PLOT_HINT, plot_learning_curves, write_learning_curves_svg
-from trainwise.progress import PlainProgress, make_progress
+from trainwise.progress import BarProgress, PlainProgress, make_progress, plural
 from trainwise.results import FitResult
 from trainwise.runlog import RunLock, open_run
 from trainwise.seeding import determinism_restored, seed_everything
+from trainwise.tracking import TrackedLog, open_loggers, split_loggers
 
 
 class Trainer:
@@ -76,6 +82,12 @@ class Trainer:
     optimizer, stepped once per optimizer step (``ReduceLROnPlateau`` once per epoch on the validation
     loss); ``loss_fn(outputs, targets)`` defaults to cross-entropy; ``split_batch(batch)`` returns
     ``(inputs, targets)``. The plain-valued options are those of :class:`TrainerConfig`.
+
+    ``loggers`` adds trackers beside ``metrics.jsonl``: ``"tensorboard"``, ``"mlflow"`` or objects with
+    ``log_metrics(metrics, step)`` (docs/tracking.md); ``callbacks`` are objects with any of the events of
+    :class:`trainwise.Callback` (docs/callbacks.md). Ctrl-C during training finishes the current optimizer
+    step, saves a checkpoint and the log, then raises ``KeyboardInterrupt`` (its ``result`` attribute holds
+    the :class:`FitResult`); a second Ctrl-C stops at once.
     """
 
     def __init__(
@@ -127,10 +139,14 @@ class Trainer:
         scheduler: Any = None,
         loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
         split_batch: Callable[[Any], tuple[Any, Any]] | None = None,
+        loggers: Sequence[Any] = ("jsonl",),
+        callbacks: Sequence[Any] = (),
     ) -> None:
         options = {k: v for k, v in locals().items() if k in TrainerConfig.option_names()}
         options["run_dir"] = None if run_dir is None else str(run_dir)
+        options["loggers"], self.logger_objects = split_loggers(loggers)
         self.config = TrainerConfig(**options)
+        self.callbacks = list(callbacks or ())
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.loss_fn = loss_fn  # None: the model's own loss when it returns one, else cross-entropy
@@ -140,7 +156,9 @@ class Trainer:
     @classmethod
     def from_config(cls, config: TrainerConfig, **objects: Any) -> Trainer:
         """A Trainer from a :class:`TrainerConfig` plus the optimizer/scheduler/loss_fn/split_batch objects."""
-        return cls(**config.to_dict(), **objects)
+        options = config.to_dict()
+        objects["loggers"] = [*options.pop("loggers"), *objects.get("loggers", ())]  # names and logger objects
+        return cls(**options, **objects)
 
     # -- the loop ------------------------------------------------------------------------------------
 
@@ -212,7 +230,22 @@ class Trainer:
             run.log.write({"kind": "note", **note})
         self._resume(run)
         self._install_guards(run)
+        self._open_trackers(run)
         return run
+
+    def _open_trackers(self, run: _Run) -> None:
+        """The loggers beside metrics.jsonl (rank 0 only), and the callbacks with their view of the run."""
+        try:
+            run.callbacks = CallbackList(self.callbacks, TrainingState(run, self.config.epochs))
+            if self._dist.is_main and (self.config.loggers != ["jsonl"] or self.logger_objects):
+                trackers = open_loggers(self.config.loggers, self.logger_objects, run.run_dir,
+                                        resumed_step=run.resumed_step)
+                run.log = TrackedLog(run.log, trackers, on_failure=run.progress.message)
+                run.log.each("log_hyperparams", {**run.params, "accumulation_steps": run.accumulator.steps,
+                                                 "world_size": self._dist.world_size})
+        except BaseException:
+            _close(run, failing=True)
+            raise
 
     def _install_guards(self, run: _Run) -> None:
         """The doctor's codes at run time (``guards``): each finding printed and logged once."""
@@ -267,10 +300,9 @@ class Trainer:
     def _open_run_folder(self, run: _Run) -> None:
         """Name, lock and log the run folder (rank 0 writes), and make the progress, stopper and checkpoints."""
         cfg, main = self.config, self._dist.is_main
-        run.run_dir, self._lock, run.log = open_run(cfg.run_dir, {
-            "trainer": cfg.to_dict(), "device": str(run.device), "precision": run.precision.name,
-            "precision_reason": run.precision.reason, "trainwise": __version__, "torch": torch.__version__,
-        }, resume=cfg.resume, overwrite=cfg.overwrite)
+        run.params = {"trainer": cfg.to_dict(), "device": str(run.device), "precision": run.precision.name,
+                      "precision_reason": run.precision.reason, "trainwise": __version__, "torch": torch.__version__}
+        run.run_dir, self._lock, run.log = open_run(cfg.run_dir, run.params, resume=cfg.resume, overwrite=cfg.overwrite)
         run.progress = make_progress(cfg.progress if main else "off")
         if cfg.patience is not None:
             keep = cfg.keep_best if main else "memory"  # one writer of the best-weights file
@@ -316,10 +348,11 @@ class Trainer:
             offset = run.train_loader.resume_offset
             run.progress.message(
                 f"resumed from {path} at epoch {run.loop['epoch']}, step {run.accumulator.optimizer_steps}"
-                + (f" ({offset} batches into the epoch)." if offset else ".")
+                + (f" ({plural(offset, 'batch')} into the epoch)." if offset else ".")
             )
             run.log.write({"kind": "resumed", "checkpoint": str(path), "epoch": run.loop["epoch"],
                            "step": run.accumulator.optimizer_steps})
+            run.resumed_step = run.accumulator.optimizer_steps
         if run.guard.model is not None:
             run.guard.keep(run.accumulator.optimizer_steps)  # a NaN before the first check returns the model here
 
@@ -338,19 +371,27 @@ class Trainer:
             run.progress.message(f"the run had stopped early at epoch {run.loop['epoch'] - 1}; nothing to train "
                                  "(start another run_dir to train again).")
         try:
-            # a resume computes with the thread count the checkpoint recorded (float sums depend on it)
-            with threads_beside_workers(run.device, run.train_loader, threads=run.loop.get("threads")):
+            # a resume computes with the thread count the checkpoint recorded (float sums depend on it);
+            # Ctrl-C during training waits for the current optimizer step (not under several processes,
+            # which would have to agree on the step)
+            with threads_beside_workers(run.device, run.train_loader, threads=run.loop.get("threads")), \
+                    StepBoundaryInterrupt(enabled=not self._dist.enabled) as run.interrupt:
                 run.loop["threads"] = torch.get_num_threads()
+                self._fire(run, "on_fit_start")
                 for epoch in range(run.loop["epoch"], 0 if run.outcome.stopped_early else self.config.epochs + 1):
                     if self._epoch(run, epoch):
                         break
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             steps = run.accumulator.optimizer_steps
             run.outcome.stopped = "interrupted"
-            run.outcome.message = (f"interrupted at step {steps}; {len(run.loop['history'])} epoch(s) finished and "
-                                   f"everything logged so far is in {run.log.path}.")
+            saved = f"; its checkpoint at step {steps} resumes it" if run.interrupt_saved and run.manager else ""
+            finished = plural(len(run.loop["history"]), "epoch")
+            run.outcome.message = (f"interrupted at step {steps}{saved}; {finished} finished and everything logged so "
+                                   f"far is in {run.log.path}.")
             run.log.write({"kind": "interrupted", "step": steps})
             run.progress.message(run.outcome.message)
+            exc.result = self._finish(run, restore_best=False)  # type: ignore[attr-defined]
+            raise
         except NonFiniteLossError as exc:
             run.outcome.stopped, run.outcome.message = "nonfinite", str(exc)
             run.log.write({"kind": "nonfinite", "step": exc.step, "message": run.outcome.message})
@@ -361,24 +402,35 @@ class Trainer:
             raise
         return self._finish(run)
 
+    def _fire(self, run: _Run, event: str) -> None:
+        """Call the callbacks of ``event``; the metrics they log are written at the current step."""
+        logged = run.callbacks.fire(event)
+        if logged:
+            run.log.write({"kind": "metric", "epoch": run.loop["epoch"], "step": run.accumulator.optimizer_steps,
+                           **logged})
+
     def _epoch(self, run: _Run, epoch: int) -> bool:
         """Train one epoch, validate, log, diagnose, checkpoint; True when early stopping ends the run."""
         cfg = self.config
-        run.loop["epoch"] = epoch
+        run.loop["epoch"] = run.epoch = epoch
         epoch_started = time.perf_counter()
         if not run.train_loader.resume_offset:  # a resumed epoch already unfroze what it had to
             self._unfreeze_scheduled(run, epoch)
         set_sampler_epoch(run.train_loader, epoch)  # a new shuffle each epoch, the same on every rank
+        self._fire(run, "on_epoch_start")
         record: dict[str, float] = {"epoch": epoch}
         record.update({f"train_{k}": v for k, v in self._train_epoch(run, epoch).items()})
         if run.val_loader is not None:
             values = self.validate(run.eval_model, run.val_loader, precision=run.precision, device=run.device)
             record.update({f"val_{k}": v for k, v in values.items()})
+            run.latest = dict(record)
+            record.update(_callback_metrics(run.callbacks.fire("on_validation_end"), record))  # monitor sees them
         if run.plateau:
             run.scheduler.step(record.get("val_loss", record["train_loss"]))
         record.update(lr=run.optimizer.param_groups[0]["lr"], step=run.accumulator.optimizer_steps,
                       seconds=time.perf_counter() - epoch_started)
         run.loop["history"].append(record)
+        run.latest = dict(record)
         run.log.write({"kind": "epoch", **record})
         run.progress.end_epoch(epoch, cfg.epochs, {k: v for k, v in record.items() if k != "epoch"})
         if cfg.diagnose and run.outcome.overfitting is None:
@@ -387,8 +439,9 @@ class Trainer:
                 run.progress.message(run.outcome.overfitting.message())
                 run.loop["overfitting"] = dataclasses.asdict(run.outcome.overfitting)
                 run.log.write({"kind": "overfitting", **run.loop["overfitting"]})
-        stopper = run.stopper
-        stop = stopper is not None and stopper.update(epoch, record, run.model)
+        self._fire(run, "on_epoch_end")
+        stopper, asked = run.stopper, run.callbacks.state.stop_reason
+        stop = (stopper is not None and stopper.update(epoch, record, run.model)) or asked is not None
         if self._dist.enabled:
             stop = broadcast_flag(stop, device=run.device)  # rank 0 decides; every rank stops together
         run.loop["epoch"] = epoch + 1
@@ -396,7 +449,11 @@ class Trainer:
         self._checkpoint(run, metric=record.get(cfg.monitor))
         if stop:
             run.outcome.stopped_early = True
-            run.progress.message(stopper.stop_message(epoch))
+            by_stopper, reason = stopper is not None and asked is None, asked or "rank 0 asked to stop"
+            run.outcome.message = (stopper.stop_message(epoch) if by_stopper
+                                   else f"stopped after epoch {epoch}: {reason}.")
+            run.progress.message(run.outcome.message)
+            run.log.write({"kind": "stopped_early", "epoch": epoch, "message": run.outcome.message})
         return stop
 
     def _unfreeze_scheduled(self, run: _Run, epoch: int) -> None:
@@ -418,6 +475,10 @@ class Trainer:
         if start:
             run.progress.advance(start)
         run.stream.start_epoch()
+        run.early_show = 1 if isinstance(run.progress, BarProgress) else 0  # the bar's running loss from step 1
+        run.epoch_windows = run.accumulator.windows
+        interrupt = run.interrupt
+        interrupt.armed = True
         for batch, last_batch in loader.with_last():  # the last batch is known without len()
             if run.agree_on_last:  # DDP on data without len(): every rank must end on the same batch
                 same_last_batch(last_batch, loader.batches_done, device=run.device)
@@ -425,7 +486,14 @@ class Trainer:
             self._train_micro_batch(run, batch, last)
             if last:
                 self._after_window(run, epoch)
+                if run.callbacks.step_end:
+                    self._fire(run, "on_step_end")
+                if interrupt.requested:  # Ctrl-C held until this step was taken: the state is exact
+                    self._checkpoint(run)
+                    run.interrupt_saved = self.config.checkpoints
+                    raise KeyboardInterrupt
             run.progress.advance()
+        interrupt.armed = False
         if not loader.batches_done:
             if run.agree_on_last:
                 same_last_batch(True, 0, device=run.device)
@@ -464,10 +532,15 @@ class Trainer:
     def _after_window(self, run: _Run, epoch: int) -> None:
         """After each window: log every ``log_every`` windows, checkpoint every ``checkpoint_every``."""
         cfg, windows = self.config, run.accumulator.windows
+        if windows - run.epoch_windows == run.early_show:  # steps 1, 2, 4... of an epoch, on the bar only
+            if run.early_show < cfg.log_every:
+                run.progress.show(run.metrics.compute())  # this process's values: no collective
+            run.early_show *= 2
         if windows % cfg.log_every == 0:
             if cfg.nonfinite == "stop":
                 check_finite_everywhere(run.guard, run.accumulator.optimizer_steps)
             values = global_metric_values(run.metrics)  # one host sync (and all-reduce) per log interval
+            run.latest = values
             run.progress.show(values)
             run.log.write({"kind": "train", "epoch": epoch, "step": run.accumulator.optimizer_steps, **values,
                            "lr": run.optimizer.param_groups[0]["lr"]})
@@ -503,6 +576,9 @@ class Trainer:
                     plot = plot_learning_curves(path=run.run_dir / "learning_curves.png", **curves)
                 except ImportError:
                     run.progress.message(PLOT_HINT)
+        status = {"interrupted": "interrupted", "nonfinite": "failed"}.get(
+            outcome.stopped, "stopped_early" if outcome.stopped_early else "finished")
+        _end_trackers(run, status, artifacts=[plot] if plot else [])
         _close(run, check=outcome.stopped == "completed")  # the guards' last check, then every hook removed
         return FitResult(
             history=history, run_dir=run.run_dir, steps=run.accumulator.optimizer_steps,
@@ -584,6 +660,16 @@ class _Run:
     outcome: _Outcome = dataclasses.field(default_factory=_Outcome)
     facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what a checkpoint records of the run
     guard_hooks: Guard | None = None  # the runtime guards (guards="warn" or "raise")
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)  # config.json; the trackers' hyperparameters
+    resumed_step: int | None = None  # the step a resume continued from
+    callbacks: CallbackList | None = None
+    latest: dict[str, float] = dataclasses.field(default_factory=dict)  # the newest values read from the device
+    interrupt: StepBoundaryInterrupt = dataclasses.field(default_factory=lambda: StepBoundaryInterrupt(enabled=False))
+    interrupt_saved: bool = False  # a held Ctrl-C saved a checkpoint at its step
+    early_show: int = 0  # the next window of the epoch whose running values the bar shows (0: none)
+    epoch_windows: int = 0  # windows before this epoch
+    ended: bool = False  # callbacks and trackers were told the end state
+    epoch: int = 0  # the epoch training is in (or last was in)
 
 
 def _build_model(factory: Callable[[], Any]) -> torch.nn.Module:
@@ -595,9 +681,45 @@ def _build_model(factory: Callable[[], Any]) -> torch.nn.Module:
     return model
 
 
+def _end_trackers(run: _Run, status: str, *, artifacts: list[Path], error: BaseException | None = None) -> None:
+    """Tell the log, the callbacks (``on_fit_end``) and the trackers how the run ended; trackers also get the
+    learning curves and the final weights."""
+    if run.ended:
+        return
+    run.ended = True
+    if run.log is not None:
+        record = {"kind": "end", "status": status, "step": run.accumulator.optimizer_steps}
+        if error is not None:
+            record["error"] = f"{type(error).__name__}: {error}"[:500]
+        with contextlib.suppress(TrainwiseError):  # a full disk: the run's error says so already
+            run.log.write(record)
+    if run.callbacks is not None:
+        run.callbacks.state.status = status
+        run.callbacks.fire("on_fit_end")
+    if isinstance(run.log, TrackedLog) and run.log.trackers:
+        if status != "failed" and not run.fsdp:  # FSDP's weights are sharded over processes
+            artifacts = [*artifacts, save_weights(run.model, run.run_dir / "final-weights.pt")]
+        run.log.finish(status, artifacts)
+
+
+def _callback_metrics(logged: dict[str, float], record: dict[str, float]) -> dict[str, float]:
+    """Metrics logged at ``on_validation_end`` join the epoch's record; a name the record has is refused."""
+    for name in logged:
+        if name in record:
+            raise TrainwiseError(f"a callback logged {name}, which the Trainer already logs this epoch; give your "
+                                 "metric another name.")
+    return logged
+
+
 def _close(run: _Run, *, check: bool = False, failing: bool = False) -> None:
     """Finish the last checkpoint write, remove the guards, close the progress display and the log; while
     another error propagates (``failing``), a failed checkpoint write is reported, not raised over it."""
+    if failing and not run.ended:
+        try:
+            _end_trackers(run, "failed", artifacts=[], error=sys.exc_info()[1])
+        except Exception as exc:  # the error already propagating is the one to see
+            if run.progress is not None:
+                run.progress.message(f"on_fit_end failed too: {type(exc).__name__}: {exc}")
     try:
         try:
             finish_checkpoint_writes(run.manager)  # the last checkpoint is on disk when fit returns or raises

@@ -144,6 +144,7 @@ def test_arbitrary_unpickling_is_refused_and_nothing_runs(evil_files, name):
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_cli_refuses_unsafe_file_with_exit_2(evil_files):
     folder, marker = evil_files
     env = {"PYTHONPATH": str(folder), "PATH": "/usr/bin:/bin"}

@@ -130,9 +130,70 @@ def test_bad_inputs_exit_2_with_one_line_and_touch_nothing(tmp_path, net, capsys
     assert CheckpointManager(run_dir).latest() == good
 
 
-def test_ckpt_without_action_prints_help(capsys):
+def test_ckpt_without_action_is_one_line(capsys):
     assert main(["ckpt"]) == 2
-    assert "inspect" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert "trainwise ckpt inspect FILE" in captured.err and "trainwise ckpt convert IN OUT" in captured.err
+
+
+# -- a Trainer checkpoint: epoch, step and the logged metrics (issue 16 item 5) ------------------------------
+
+
+@pytest.fixture(scope="module")
+def trainer_checkpoint(tmp_path_factory):
+    """A real Trainer run of two epochs on a tiny dataset: its newest checkpoint, and the run's history."""
+    from torch.utils.data import TensorDataset
+
+    from trainwise import Trainer
+
+    x = torch.randn(24, 4, generator=torch.Generator().manual_seed(0))
+    data = TensorDataset(x, (x[:, 0] > 0).long())
+    run_dir = tmp_path_factory.mktemp("trainer-ckpt") / "run"
+    result = Trainer(epochs=2, batch_size=8, run_dir=str(run_dir), progress="off", plot=False).fit(
+        lambda: torch.nn.Linear(4, 2), data, data
+    )
+    return CheckpointManager(run_dir).latest(), result
+
+
+def test_inspect_shows_epoch_step_and_logged_metrics(trainer_checkpoint, capsys):
+    path, result = trainer_checkpoint
+    code, out, err = run_cli(capsys, "inspect", path, "--format", "json")
+    assert code == 0 and err == "", err
+    training = json.loads(out)["training"]
+    assert training["epoch"] == 2 and training["epoch_finished"] and training["epochs"] == 2
+    assert training["step"] == result.steps == 6
+    assert [row["epoch"] for row in training["metrics"]] == [1, 2]
+    assert training["metrics"][-1]["val_loss"] == pytest.approx(result.history[-1]["val_loss"])
+    assert training["monitor"] == "val_loss" and isinstance(training["metric"], float)
+    code, out, err = run_cli(capsys, "inspect", path)
+    assert code == 0 and err == "", err
+    assert "2 of 2, finished" in out and "6 optimizer steps" in out and "logged metrics" in out
+    last = result.history[-1]
+    assert "epoch 2 (step 6, " in out and f"val_loss {last['val_loss']:.4f}" in out and "lr 1.0e-03" in out
+
+
+def test_inspect_of_a_mid_epoch_and_a_hostile_loop(tmp_path, net, capsys):
+    state = {
+        "model": net.state_dict(),
+        "loader": {"epoch_start": {}, "batches_done": 5},
+        "loop": {"epoch": 3, "history": [
+            {"epoch": 1, "val_loss": 0.5, "\x1b[2Jname": 1.0, "huge": 2**2000, "nan": float("nan"), "t": torch.ones(2)},
+            "not a mapping", {"epoch": 2, "val_loss": 0.25},
+        ]},
+    }
+    path = tmp_path / "mid.pt"
+    torch.save({"trainwise_checkpoint": 1, "meta": {"step": 17}, "state": state, "rng": None}, path)
+    code, out, err = run_cli(capsys, "inspect", path, "--format", "json")
+    assert code == 0 and err == "", err
+    training = json.loads(out)["training"]
+    assert training["epoch"] == 3 and not training["epoch_finished"] and training["batches_done"] == 5
+    assert training["step"] == 17
+    assert training["metrics"] == [{"epoch": 1, "val_loss": 0.5, "\\x1b[2Jname": 1.0}, {"epoch": 2, "val_loss": 0.25}]
+    code, out, err = run_cli(capsys, "inspect", path)
+    assert code == 0 and err == "", err
+    assert "3, in progress (5 batches done)" in out and "17 optimizer steps" in out
+    assert "\x1b" not in out and "val_loss 0.2500" in out
 
 
 

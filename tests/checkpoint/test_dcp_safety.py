@@ -234,6 +234,7 @@ def _deep_key(depth: int) -> bytes:
     return b"\x80\x04}" + b")" + b"\x85" * depth + b"K\x01s."
 
 
+@pytest.mark.slow
 def test_a_deeply_nested_key_is_refused_before_it_is_hashed(tmp_path: Path) -> None:
     folder = _folder(tmp_path, _deep_key(200_000))
     script = "\n".join([

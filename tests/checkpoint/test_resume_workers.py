@@ -172,10 +172,13 @@ def _fit(run_dir, *, interrupt_at=None, resume=None):
                 raise KeyboardInterrupt
         return F.cross_entropy(outputs, targets)
 
-    result = Trainer(
-        epochs=3, batch_size=BATCH, num_workers=2, device="cpu", progress="off", plot=False, seed=0,
-        checkpoint_every=4, run_dir=str(run_dir), loss_fn=loss_fn, resume=resume, diagnose=False,
-    ).fit(model, TorchNoise())
+    try:  # an interrupted fit raises KeyboardInterrupt carrying its result
+        result = Trainer(
+            epochs=3, batch_size=BATCH, num_workers=2, device="cpu", progress="off", plot=False, seed=0,
+            checkpoint_every=4, run_dir=str(run_dir), loss_fn=loss_fn, resume=resume, diagnose=False,
+        ).fit(model, TorchNoise())
+    except KeyboardInterrupt as exc:
+        result = exc.result
     return model, result
 
 

@@ -26,7 +26,10 @@ def _fit(run_dir: str, steps: int, *, interrupt_at: int | None = None, resume: s
     model.interrupt_at = interrupt_at
     options = trainer_options(run_dir, epochs=EPOCHS, accumulation_steps=steps, checkpoints=True,
                               checkpoint_every=5, resume=resume)
-    return model, Trainer(**options).fit(model, _loader(), _loader(seed=4))  # validation: batches shared too
+    try:
+        return model, Trainer(**options).fit(model, _loader(), _loader(seed=4))  # validation: batches shared too
+    except KeyboardInterrupt as exc:  # an interrupted fit raises, carrying its result
+        return model, exc.result
 
 
 def _worker(rank: int, port: int, out: str, run_dir: str) -> None:

@@ -34,6 +34,7 @@ def project(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_text_output_sorted_with_summary_and_exit_1(project, capsys):
     assert main(["doctor"]) == 1
     out = capsys.readouterr().out.splitlines()

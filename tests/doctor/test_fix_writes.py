@@ -213,6 +213,7 @@ AGAIN = "run `trainwise doctor --fix` again"
     ],
     ids=["ENOSPC", "EFBIG", "EACCES", "EROFS"],
 )
+@pytest.mark.slow
 def test_a_failed_write_leaves_the_file_unchanged_with_one_line(here, capsys, monkeypatch, code, reason):
     path = here / "x.py"
     path.write_text("x = 1  # a line of padding, to make the file 32 KB as in the report\n" * 480 + FIXABLE)

@@ -314,6 +314,7 @@ def test_fuzzed_input(kind, index, tmp_path, monkeypatch, capsys):
     assert not (folder / MARKER).exists(), f"{where}: the doctor ran the code it checked"
 
 
+@pytest.mark.slow
 def test_the_doctor_never_runs_the_code_it_checks(tmp_path):
     """Modules named like the ones the doctor imports lazily (``libcst`` for --fix, ``tomllib`` for the
     configuration), the checked script, a notebook cell, conftest.py and the like: none of them may run, with

@@ -132,6 +132,7 @@ def test_symlink_loops(tmp_path):
     assert by_name == {"good.py": ["TW301"], "self.py": ["TW900"], os.path.join("sub", "back"): ["TW900"]}
 
 
+@pytest.mark.slow
 def test_run_over_messy_folder_via_cli_exits_1(messy, capsys):
     assert main(["doctor", str(messy)]) == 1
     out = capsys.readouterr().out

@@ -1,5 +1,5 @@
 """Every rule documents itself in the ruff style; its Example fires and its Use-instead stays silent; the
-pages in docs/rules/ are generated from the classes and up to date."""
+pages in docs/rules/ and the rules table of docs/doctor.md are generated from the classes and up to date."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from trainwise.doctor.docs import SECTIONS, code_blocks, stale
+from trainwise.doctor.docs import SECTIONS, TABLE_BEGIN, TABLE_END, code_blocks, main, stale, write
 from trainwise.doctor.engine import check_source
 from trainwise.doctor.rule import FixAvailability
 from trainwise.doctor.rules import all_rules
 
 RULES = [r for r in all_rules() if r.code != "TW900"]
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "rules"
+DOCTOR_PAGE = DOCS.parent / "doctor.md"
 
 
 @pytest.mark.parametrize("rule", all_rules(), ids=lambda r: r.code)
@@ -58,4 +59,63 @@ def test_fixable_example_fix_matches_declaration(rule):
 
 
 def test_committed_docs_are_up_to_date():
-    assert stale(DOCS) == [], "run: python -m trainwise.doctor.docs"
+    assert stale(DOCS, DOCTOR_PAGE) == [], "run: python -m trainwise.doctor.docs"
+    assert main([str(DOCS), "--check"]) == 0  # the page beside the folder, docs/doctor.md, by default
+
+
+def test_doctor_page_lists_every_rule():
+    text = DOCTOR_PAGE.read_text(encoding="utf-8")
+    table = text[text.index(TABLE_BEGIN) : text.index(TABLE_END)]
+    for rule in all_rules():
+        assert f"| [{rule.code}](rules/{rule.code}.md) | {rule.name} | {rule.summary()} |" in table, rule.code
+
+
+def _docs_copy(tmp_path: Path) -> tuple[Path, Path]:
+    folder, page = tmp_path / "docs" / "rules", tmp_path / "docs" / "doctor.md"
+    page.parent.mkdir()
+    page.write_text(f"# Doctor\n\nHand-written.\n\n{TABLE_BEGIN}\nold table\n{TABLE_END}\n\nMore prose.\n",
+                    encoding="utf-8")
+    return folder, page
+
+
+def test_plain_run_writes_the_table_between_the_markers_and_keeps_the_prose(tmp_path, capsys):
+    folder, page = _docs_copy(tmp_path)
+    assert main([str(folder), "--check"]) == 1
+    assert f"{page} is out of date" in capsys.readouterr().err
+    assert main([str(folder)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert text.startswith(f"# Doctor\n\nHand-written.\n\n{TABLE_BEGIN}\n| code | name | finds | fix |\n")
+    assert text.endswith(f"|\n{TABLE_END}\n\nMore prose.\n") and "old table" not in text
+    assert text.count("| [TW") == len(all_rules()) and "(rules/TW101.md)" in text
+    assert main([str(folder), "--check"]) == 0 and stale(folder, page) == []
+    page.write_text(text.replace("| no |", "| always |", 1), encoding="utf-8")  # a hand edit of the table
+    assert stale(folder, page) == [str(page)]
+
+
+def test_table_links_follow_the_page(tmp_path):
+    folder, _ = _docs_copy(tmp_path)
+    page = tmp_path / "elsewhere.md"
+    page.write_text(f"{TABLE_BEGIN}\n{TABLE_END}\n", encoding="utf-8")
+    write(folder, page)
+    assert "(docs/rules/TW101.md)" in page.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "content", ["no markers\n", f"{TABLE_END}\n{TABLE_BEGIN}\n", f"{TABLE_BEGIN}\n{TABLE_BEGIN}\n{TABLE_END}\n"]
+)
+def test_page_without_its_markers_is_refused_and_nothing_is_written(tmp_path, capsys, content):
+    folder, page = _docs_copy(tmp_path)
+    page.write_text(content, encoding="utf-8")
+    assert main([str(folder), "--check"]) == 1
+    assert main([str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert "could not write the rules table" in err and "Traceback" not in err
+    assert page.read_text(encoding="utf-8") == content and not folder.exists()
+
+
+def test_missing_page_is_reported(tmp_path, capsys):
+    folder = tmp_path / "rules"
+    assert main([str(folder), "--page", str(tmp_path / "nope.md")]) == 1
+    assert "could not write the rules table" in capsys.readouterr().err
+    write(folder)
+    assert stale(folder) == [] and stale(folder, tmp_path / "nope.md") == [str(tmp_path / "nope.md")]

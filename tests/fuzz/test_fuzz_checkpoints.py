@@ -147,6 +147,7 @@ def run_every_loader(path: Path, out: Path, problems: list[str], label: str) -> 
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
+@pytest.mark.slow
 def test_fuzz_checkpoint_loaders(kind, bases, tmp_path):
     rng = random.Random(f"{SEED}-{kind}")
     marker = tmp_path / "marker"

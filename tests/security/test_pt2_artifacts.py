@@ -240,6 +240,7 @@ def batch(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_plain_torch_export_load_runs_the_payloads(base, tmp_path):
     """The attacks are real: torch.export.load (and one call of the module) runs each payload."""
     proven = [name for name, (_, _, runs) in ATTACKS.items() if runs]

@@ -50,8 +50,11 @@ def register(sub: Any) -> None:
 
 def _usage(parser: argparse.ArgumentParser) -> Any:
     def run_without_action(args: argparse.Namespace) -> int:
-        parser.print_help()
-        return 2
+        from trainwise.errors import TrainwiseError
+
+        raise TrainwiseError(
+            "name an action: trainwise ckpt inspect FILE or trainwise ckpt convert IN OUT (see trainwise ckpt --help)."
+        )
 
     return run_without_action
 
@@ -104,7 +107,68 @@ def describe(path: str | Path) -> dict[str, Any]:
         info["versions"] = {
             k: printable(meta[k], 80) for k in ("trainwise", "torch", "python") if isinstance(meta.get(k), str)
         }
+    training = _training(content)
+    if training:
+        info["training"] = training
     return info
+
+
+_MAX_EPOCHS = 1000  # epochs of logged metrics kept from a file (a crafted one may claim millions)
+
+
+def _training(content: Any) -> dict[str, Any] | None:
+    """A Trainer checkpoint's position and logged metrics: epoch, step, the history of epoch metrics.
+
+    Everything comes from a file written by someone else: only plain numbers are taken, names are escaped.
+    """
+    from trainwise.checkpoint.io import printable
+    from trainwise.checkpoint.state import is_trainwise_checkpoint
+
+    if not is_trainwise_checkpoint(content):
+        return None
+    state, meta = content["state"], content.get("meta")
+    meta = meta if isinstance(meta, Mapping) else {}
+    loop = state.get("loop")
+    if not isinstance(loop, Mapping):
+        return None  # a checkpoint of trainwise.save_checkpoint, not of the Trainer
+    config = meta.get("config") if isinstance(meta.get("config"), Mapping) else {}
+    loader = state.get("loader") if isinstance(state.get("loader"), Mapping) else {}
+    history = loop.get("history") if isinstance(loop.get("history"), (list, tuple)) else []
+    epoch = _number(loop.get("epoch"), integer=True)
+    batches = _number(loader.get("batches_done"), integer=True) or 0
+    metrics = []
+    for entry in history[-_MAX_EPOCHS:]:
+        if isinstance(entry, Mapping):
+            row = {printable(k, 40): _number(v) for k, v in list(entry.items())[:40] if isinstance(k, str)}
+            metrics.append({k: v for k, v in row.items() if v is not None})
+    training: dict[str, Any] = {
+        # the loop's epoch is the one under way: at an epoch's end, the next one, which has not started
+        "epoch": None if epoch is None else (epoch if batches else epoch - 1),
+        "epoch_finished": not batches,
+        "batches_done": batches,
+        "epochs": _number(config.get("epochs"), integer=True),
+        "step": _number(meta.get("step"), integer=True),
+        "stopped_early": loop.get("stopped_early") is True,
+        "monitor": printable(meta["monitor"], 40) if isinstance(meta.get("monitor"), str) else None,
+        "metric": _number(meta.get("metric")),
+        "metrics": metrics,
+    }
+    if len(history) > _MAX_EPOCHS:
+        training["metrics_left_out"] = len(history) - _MAX_EPOCHS
+    return training
+
+
+def _number(value: Any, *, integer: bool = False) -> Any:
+    """``value`` if it is a plain finite number (an int when ``integer``), else None; never a huge integer."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int):
+        return value if abs(value) < 2**63 else None
+    if integer or not math.isfinite(value):
+        return None
+    return value
 
 
 def _kind(content: Any, has_weights: bool) -> str:
@@ -198,7 +262,12 @@ def _inspect(args: argparse.Namespace) -> int:
     def cell(value: Any, limit: int | None = 200) -> Text:
         return Text(printable(value, limit))  # plain text: no markup, no control characters from the file
 
-    console = Console(highlight=False)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:  # rich exits 1; the CLI ends a closed pipe quietly with 0 (cli.main)
+            self.quiet = True
+            raise BrokenPipeError
+
+    console = _Console(highlight=False)
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column()
@@ -214,7 +283,16 @@ def _inspect(args: argparse.Namespace) -> int:
     summary.add_row("dtypes", cell(", ".join(f"{d} x{n}" for d, n in info["dtypes"].items()) or "-", 2000))
     for name, version in info.get("versions", {}).items():
         summary.add_row(f"{name} version", cell(version))
+    training = info.get("training")
+    if training:
+        summary.add_row("epoch", cell(_epoch_text(training)))
+        summary.add_row("step", cell("-" if training["step"] is None else f"{training['step']:,} optimizer steps"))
+        if training["monitor"] and training["metric"] is not None:
+            summary.add_row("monitored", cell(f"{training['monitor']} {_metric_text(training['metric'])}"))
     console.print(summary)
+    if training and training["metrics"]:
+        for line in _metrics_lines(training):
+            console.print(cell(line, 2000))
     if info["tensors"]:
         table = Table(title="tensors", title_justify="left")
         table.add_column("name")
@@ -227,6 +305,47 @@ def _inspect(args: argparse.Namespace) -> int:
             table.add_row(cell(f"... and {len(info['tensors']) - _MAX_ROWS:,} more (--format json lists them all)"))
         console.print(table)
     return 0
+
+
+def _epoch_text(training: Mapping[str, Any]) -> str:
+    epoch, total = training["epoch"], training["epochs"]
+    if epoch is None:
+        return "-"
+    of = f" of {total}" if total else ""
+    if not training["epoch_finished"]:
+        return f"{epoch}{of}, in progress ({training['batches_done']:,} batches done)"
+    if epoch == 0:
+        return f"0{of} (no epoch finished yet)"
+    return f"{epoch}{of}, finished" + (" (stopped early)" if training["stopped_early"] else "")
+
+
+def _metric_text(value: Any) -> str:
+    if isinstance(value, int):
+        return f"{value:,}"
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        return f"{value:.3e}"
+    return f"{value:.4f}"
+
+
+def _metrics_lines(training: Mapping[str, Any]) -> list[str]:
+    """The logged metrics, one line per finished epoch (the last ones when there are many)."""
+    rows = training["metrics"]
+    shown = rows[-_MAX_ROWS:]
+    earlier = len(rows) - len(shown) + training.get("metrics_left_out", 0)
+    left_out = f" (the last {len(shown):,} epochs; {earlier:,} earlier ones left out)" if earlier else ""
+    lines = [f"logged metrics{left_out}"]
+    for row in shown:
+        where = [f"step {row['step']:,}"] if isinstance(row.get("step"), int) else []
+        if row.get("seconds") is not None:
+            where.append(f"{row['seconds']:.1f} s")
+        values = []
+        for name, value in row.items():
+            if name in ("epoch", "step", "seconds"):
+                continue
+            values.append(f"{name} {value:.1e}" if name == "lr" else f"{name} {_metric_text(value)}")
+        at = f" ({', '.join(where)})" if where else ""
+        lines.append(f"  epoch {row.get('epoch', '?')}{at}: {', '.join(values) or '-'}")
+    return lines
 
 
 # -- convert -------------------------------------------------------------------------------------------------

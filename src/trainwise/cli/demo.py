@@ -30,26 +30,41 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainwise.demo import DIGITS_ATTRIBUTION, run_demo, run_finetune_demo
+    from trainwise.cli import interrupted
     from trainwise.errors import TrainwiseError
 
     if args.epochs < 1:
         raise TrainwiseError(f"--epochs must be at least 1, got {args.epochs}.")
     if args.workers < 0:
         raise TrainwiseError(f"--workers must be 0 or more, got {args.workers}.")
+    from trainwise.demo import DIGITS_ATTRIBUTION, run_demo, run_finetune_demo  # torch: after the cheap checks
     if not args.json:
         print(f"trainwise demo: {DIGITS_ATTRIBUTION}")
     runner = run_finetune_demo if args.finetune else run_demo
-    summary = runner(
-        seed=args.seed,
-        epochs=min(args.epochs, 8) if args.finetune else args.epochs,
-        workers=args.workers,
-        run_dir=args.run_dir,
-        overwrite=args.overwrite,
-        device=args.device,
-        progress="off" if args.json else "auto",
-    )
+    try:
+        summary = runner(
+            seed=args.seed,
+            epochs=min(args.epochs, 8) if args.finetune else args.epochs,
+            workers=args.workers,
+            run_dir=args.run_dir,
+            overwrite=args.overwrite,
+            device=args.device,
+            progress="off" if args.json else "auto",
+        )
+    except KeyboardInterrupt as exc:  # Ctrl-C: the Trainer saved the log and a checkpoint, then re-raised
+        result = getattr(exc, "result", None)
+        if result is None:
+            raise
+        if args.json:
+            from trainwise.cli.fit import summarize
+
+            print(json.dumps(summarize(result)), flush=True)
+        return interrupted("demo", result.run_dir)
     summary.pop("model")
+    if summary.get("stopped") == "interrupted":  # a Trainer that returns its result on Ctrl-C
+        if args.json:
+            print(json.dumps(summary), flush=True)
+        return interrupted("demo", summary["run_dir"])
     if args.json:
         print(json.dumps(summary))
     elif args.finetune:

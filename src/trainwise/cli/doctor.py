@@ -1,6 +1,7 @@
 """``trainwise doctor [PATH ...]``: find the classic training-loop mistakes in scripts and notebooks.
 
-Exit 0 without findings, 1 with findings, 2 on a usage error. Never imports torch.
+Exit 0 without findings, 1 with findings, 2 on a usage error (a path that does not exist among them).
+Never imports torch.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
     from trainwise.doctor import engine
     from trainwise.doctor.report import render
     from trainwise.doctor.rules import all_rules, rule_for
-    from trainwise.errors import TrainwiseError
+    from trainwise.errors import TrainwiseError, printable
 
     if args.explain:
         rule = rule_for(args.explain)
@@ -84,6 +85,9 @@ def _run(args: argparse.Namespace) -> int:
         config = replace(config, ignore=config.ignore + engine.parse_codes(args.ignore, option="--ignore"))
     if args.unsafe_fixes:
         config = replace(config, unsafe_fixes=True)
+    for path in args.paths:  # a typo on the command line is a usage error; an unreadable file is a finding
+        if not os.path.lexists(path):
+            raise TrainwiseError(f"{printable(path)} does not exist; check the path.")
     results = engine.check_paths(args.paths or ["."], config)
     if args.fix or args.diff:
         return _fix(results, config, args)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainwise.errors import TrainwiseError
+from trainwise.errors import TrainwiseError, show
 
 FORMATS = ("torch.export", "torchscript", "onnx")
 DEMO_FACTORY = "trainwise.demo:make_model"
@@ -43,7 +43,10 @@ def register(sub: Any) -> None:
     exporter.add_argument("--example-shape", metavar="N,C,...", help="shape of the example input, batch first")
     exporter.add_argument("--example-dtype", default="float32", choices=DTYPES, help="dtype of the example input")
     exporter.add_argument("--format", default="torch.export", choices=FORMATS, help="default torch.export")
-    exporter.add_argument("--output", "-o", metavar="PATH", help="artifact path (default from the checkpoint's name)")
+    exporter.add_argument(
+        "--output", "-o", metavar="PATH",
+        help="artifact path (default: RUN/model.pt2 for RUN/checkpoints/*.pt, else the checkpoint's name)",
+    )
     exporter.add_argument("--static-batch", action="store_true", help="fix the batch size to the example's")
     exporter.add_argument("--atol", type=float, default=None, help="absolute tolerance of the parity check")
     exporter.add_argument("--rtol", type=float, default=None, help="relative tolerance of the parity check")
@@ -86,35 +89,81 @@ def run_export(args: argparse.Namespace) -> int:
     if checkpoint is not None and not checkpoint.is_file():
         raise TrainwiseError(f"checkpoint {checkpoint} does not exist; check the path.")
 
-    model = _build_model(spec, kwargs)
-    if checkpoint is not None:
-        _load_checkpoint(model, checkpoint)
-    elif not args.json:
-        print(
-            f"trainwise export: no CHECKPOINT given, so {spec} is exported with freshly initialised weights (seed 0).",
-            file=sys.stderr,
-        )
-    example = example_input(shape, args.example_dtype)
     if args.output:
         output = Path(args.output)
     elif checkpoint is not None:
-        output = checkpoint.with_suffix(SUFFIXES[args.format])
+        output = default_output(checkpoint, args.format)
     else:
         output = Path(("digits-cnn" if args.demo else "model") + SUFFIXES[args.format])
-    report = export(
-        model,
-        example,
-        output,
-        args.format,
-        dynamic_batch=not args.static_batch,
-        atol=args.atol,
-        rtol=args.rtol,
-    )
+    if checkpoint is not None and _same_file(output, checkpoint):
+        raise TrainwiseError(
+            f"--output {output} is the checkpoint being exported, which the artifact would replace; choose another "
+            "path."
+        )
+
+    model = _build_model(spec, kwargs)
+    if checkpoint is not None:
+        _load_checkpoint(model, checkpoint, spec)
+    example = example_input(shape, args.example_dtype)
+    with _torch_output_held() as held:
+        report = export(
+            model,
+            example,
+            output,
+            args.format,
+            dynamic_batch=not args.static_batch,
+            atol=args.atol,
+            rtol=args.rtol,
+        )
+    sys.stderr.write(held.getvalue())  # warnings of an export that worked; a failed one says it in one line
+    if checkpoint is None and not args.json:
+        print(
+            f"trainwise export: no CHECKPOINT given, so {spec} was exported with freshly initialised weights (seed 0).",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(report.to_dict(), default=str))
     else:
         print(f"trainwise export: {report}; sidecar {report.sidecar}")
     return 0
+
+
+def default_output(checkpoint: Path, format: str) -> Path:
+    """Where ``export CHECKPOINT`` writes without ``--output``: ``runs/NAME/model.pt2`` for a checkpoint in a
+    run's ``checkpoints/`` folder, else beside the checkpoint with the format's suffix (never the checkpoint)."""
+    from trainwise.exporting import SUFFIXES
+
+    suffix = SUFFIXES[format]
+    if checkpoint.parent.name == "checkpoints":
+        return checkpoint.parent.parent / f"model{suffix}"
+    output = checkpoint.with_suffix(suffix)
+    if output.name == checkpoint.name:  # a checkpoint already named .pt2
+        output = checkpoint.with_name(f"{checkpoint.stem}-exported{suffix}")
+    return output
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and a.samefile(b))
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _torch_output_held() -> Any:
+    """Hold what torch prints while exporting (a failed torch.export prints its partial graph, torch logs
+    warnings) so that a failure is the one line of its TrainwiseError; the caller shows it after a success."""
+    import io
+    import logging
+
+    held = io.StringIO()
+    level = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stderr(held):
+            yield held
+    finally:
+        logging.disable(level)
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -180,11 +229,26 @@ def _build_model(spec: str, kwargs: dict[str, Any]) -> Any:
     return model
 
 
-def _load_checkpoint(model: Any, path: Path) -> None:
+def _load_checkpoint(model: Any, path: Path, spec: str) -> None:
     """Any common checkpoint layout, wrapper prefixes handled, read with weights_only=True (fundamental 8)."""
     from trainwise.checkpoint import load_weights
+    from trainwise.checkpoint.weights import WeightsMismatchError
 
-    load_weights(model, path, strict=True)
+    try:
+        load_weights(model, path, strict=True)
+    except WeightsMismatchError as exc:  # its table is many lines: one sentence with the first difference
+        report = exc.report
+        if report.mismatched:
+            key, saved, built = report.mismatched[0]
+            example = f"{show(key, 80)} is {tuple(saved)} in the checkpoint but {tuple(built)} in the model"
+        elif report.missing:
+            example = f"the model's {show(report.missing[0], 80)} is not in the checkpoint"
+        else:
+            example = f"the checkpoint's {show(report.unexpected[0], 80)} has no place in the model"
+        raise TrainwiseError(
+            f"the weights in {path} do not fit the model of {spec}: {report.summary()} (e.g. {example}); pass the "
+            "--model and --model-kwargs that built them (trainwise ckpt inspect shows the checkpoint's tensors)."
+        ) from None
 
 
 # -- predict -----------------------------------------------------------------------------------------------
@@ -194,10 +258,13 @@ def run_predict(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from trainwise.exporting import load_exported
+    from trainwise.exporting import NotAnArtifactError, load_exported
 
-    artifact = load_exported(args.artifact, format=args.format)
     source = Path(args.input)
+    try:
+        artifact = load_exported(args.artifact, format=args.format)
+    except NotAnArtifactError as exc:
+        raise TrainwiseError(_export_first(exc, source, args.format)) from None
     arrays = _read_inputs(source, artifact.input_names)
     specs = artifact.metadata.get("inputs") or []
     for position, spec in enumerate(specs[: len(arrays)]):
@@ -241,6 +308,93 @@ def run_predict(args: argparse.Namespace) -> int:
     if args.output:
         print(f"trainwise predict: saved {', '.join(names)} to {saved}")
     return 0
+
+
+def _export_first(exc: Any, source: Path, format: str | None) -> str:
+    """One sentence for a checkpoint given to predict: what it is, and the export command that makes an artifact
+    of it (the model from the run's fit.json or the demo's, the example shape from the input file)."""
+    import shlex
+
+    from trainwise.errors import printable
+
+    checkpoint: Path = exc.path
+    spec, kwargs = _model_of(checkpoint, exc.shapes)
+    command = ["trainwise", "export", str(checkpoint)]
+    if spec == DEMO_FACTORY and not kwargs:
+        command.append("--demo")
+    else:
+        command += ["--model", spec or "package.module:factory"]
+        if kwargs:
+            command += ["--model-kwargs", json.dumps(kwargs, separators=(",", ":"))]
+    shape = _input_shape(source)
+    if shape and not (spec == DEMO_FACTORY and shape[1:] == (1, 8, 8)):
+        command += ["--example-shape", ",".join(map(str, (1, *shape[1:])))]
+    elif spec != DEMO_FACTORY:
+        command += ["--example-shape", "N,..."]
+    output = default_output(checkpoint, format or "torch.export")
+    if format and format != "torch.export":
+        command += ["--format", format]
+    predict = ["trainwise", "predict", str(output), str(source)]
+    guess = "" if spec else " (with the factory that builds your model)"
+    return printable(
+        f"{checkpoint} is a {exc.kind}, not an exported model; make an artifact from it with "
+        f"`{shlex.join(command)}`{guess}, then run `{shlex.join(predict)}`.",
+        2000,
+    )
+
+
+def _model_of(checkpoint: Path, shapes: dict[str, tuple[int, ...]]) -> tuple[str | None, dict[str, Any]]:
+    """The model factory that built the checkpoint's weights: the ``[model]`` of ``trainwise fit``'s record in
+    the run folder, or the demo's CNN when the weights have its names and shapes; ``(None, {})`` otherwise."""
+    import re
+
+    for folder in (checkpoint.parent.parent, checkpoint.parent) if checkpoint.parent.name == "checkpoints" else ():
+        record = folder / "fit.json"
+        try:
+            if not record.is_file() or record.stat().st_size > 1 << 20:
+                continue
+            entry = json.loads(record.read_text(encoding="utf-8")).get("model")
+        except (OSError, ValueError, AttributeError, RecursionError):
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("factory"), str):
+            spec, kwargs = entry["factory"], entry.get("kwargs") or {}
+            if re.fullmatch(r"[\w.]{1,200}:[\w.]{1,200}", spec) and isinstance(kwargs, dict):
+                return spec, kwargs
+    if shapes and _without_wrapper_prefixes(shapes) == _demo_shapes():
+        return DEMO_FACTORY, {}
+    return None, {}
+
+
+def _without_wrapper_prefixes(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The names as the model has them: ``module.``, ``_orig_mod.`` or ``model.`` shared by all removed."""
+    from trainwise.checkpoint.weights import WRAPPER_PREFIXES
+
+    stripped = True
+    while stripped and shapes:
+        stripped = False
+        for prefix in WRAPPER_PREFIXES:
+            if all(key.startswith(prefix) for key in shapes):
+                shapes = {key[len(prefix):]: shape for key, shape in shapes.items()}
+                stripped = True
+    return shapes
+
+
+def _demo_shapes() -> dict[str, tuple[int, ...]]:
+    from trainwise.demo import make_model
+
+    return {key: tuple(value.shape) for key, value in make_model().state_dict().items()}
+
+
+def _input_shape(path: Path) -> tuple[int, ...] | None:
+    """The shape of the array in a .npy file, read from its header (nothing unpickled); None if unreadable."""
+    import numpy as np
+
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception:  # missing, damaged, an .npz: the command then shows a placeholder
+        return None
+    shape = getattr(array, "shape", None)
+    return tuple(shape) if isinstance(array, np.ndarray) and shape else None
 
 
 def _read_inputs(path: Path, names: list[str]) -> list[Any]:

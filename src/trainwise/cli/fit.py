@@ -13,13 +13,14 @@ import importlib
 import inspect
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from trainwise.config import TrainerConfig, parse_override, unknown_option
-from trainwise.errors import TrainwiseError, show
+from trainwise.errors import TrainwiseError, printable, show
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -122,7 +123,7 @@ def _split_options(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainwise.cli import EXIT_INTERRUPTED
+    from trainwise.cli import interrupted
 
     _split_options(args)
     path = Path(args.config)
@@ -136,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         print(_summary_line(summary))
-    return EXIT_INTERRUPTED if summary["stopped"] == "interrupted" else 0
+    if summary["stopped"] == "interrupted":  # Ctrl-C: the summary of what was done, then exit code 130
+        sys.stdout.flush()
+        return interrupted("fit", summary["run_dir"])
+    return 0
 
 
 def _summary_line(summary: dict[str, Any]) -> str:
@@ -329,6 +333,21 @@ def import_factory(spec: str, *, table: str = "factory") -> Callable[..., Any]:
 # -- training --------------------------------------------------------------------------------------------
 
 
+def _check_not_a_list_of_datasets(data: Any, spec: str) -> None:
+    """A list holding datasets or loaders is a (train, val) pair written with brackets: say so, not train on it."""
+    from torch.utils.data import DataLoader, Dataset
+
+    if isinstance(data, list) and data and all(isinstance(item, (Dataset, DataLoader)) for item in data):
+        kinds = ", ".join(type(item).__name__ for item in data[:3]) + (", ..." if len(data) > 3 else "")
+        fix = "return the tuple (train, val) instead"
+        if len(data) != 2:
+            fix = "return the tuple (train, val) or the training data alone"
+        raise TrainwiseError(
+            f"[data] factory {spec} returned a list ({kinds}), which would be taken as the training samples "
+            f"themselves; {fix}."
+        )
+
+
 def build(config: FitConfig) -> tuple[Any, Any, Any, Any]:
     """Call the factories: ``(model, train_data, val_data, trainer)``; seeds first so the weights repeat."""
     import torch
@@ -339,6 +358,7 @@ def build(config: FitConfig) -> tuple[Any, Any, Any, Any]:
     seed_everything(config.trainer.seed)
     factories = config.factories
     data = factories["data"].call()
+    _check_not_a_list_of_datasets(data, factories["data"].spec)
     if isinstance(data, tuple):
         if len(data) != 2:
             raise TrainwiseError(
@@ -383,7 +403,47 @@ def train(config: FitConfig) -> dict[str, Any]:
     prepare_run_folder(run_dir, resume=config.trainer.resume, overwrite=config.trainer.overwrite)
     if not (config.trainer.resume and (run_dir / "fit.json").exists()):  # a resume keeps the run's own record
         atomic_write_json(run_dir / "fit.json", config.to_dict())
-    result = trainer.fit(model, train_data, val_data)
+    try:
+        result = trainer.fit(model, train_data, val_data)
+    except KeyboardInterrupt as exc:  # Ctrl-C: the Trainer saved the log and a checkpoint, and says what it did
+        result = getattr(exc, "result", None)
+        if result is None:
+            raise
+    except (RuntimeError, ValueError, IndexError) as exc:
+        if isinstance(exc, TrainwiseError) or not _SHAPE_ERROR.search(str(exc)):
+            raise  # a bug in the factories' code, not a mismatch: its traceback says where
+        raise TrainwiseError(_shape_message(exc, config)) from None
+    return summarize(result)
+
+
+# What torch says when a batch does not fit the model or the loss (shapes, channels, batch sizes, class ids).
+_SHAPE_ERROR = re.compile(
+    r"shapes cannot be multiplied|size mismatch|must match the size of tensor|expected input\[|to have \d+ channels|"
+    r"Expected input batch_size|Target size|must be the same as input size|Dimension out of range|is out of bounds|"
+    r"Expected (?:\d+D|3D|4D|2D)|but got input of size|Expected target size|invalid for input of size"
+)
+
+
+def _shape_message(exc: BaseException, config: FitConfig) -> str:
+    """One sentence for a batch that does not fit the model or the loss, naming the line of the user's code."""
+    import traceback
+
+    reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    where = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        parts = Path(frame.filename).parts
+        if "torch" not in parts and "trainwise" not in parts:  # the deepest frame in the user's own code
+            where = f" at {Path(frame.filename).name}:{frame.lineno}"
+            break
+    return (
+        f"the data of [data] {config.factories['data'].spec} does not fit the model of [model] "
+        f"{config.factories['model'].spec} ({type(exc).__name__}{where}: {printable(reason, 300)}); make the "
+        "batches' shapes (and the loss's targets) match what the model takes."
+    )
+
+
+def summarize(result: Any) -> dict[str, Any]:
+    """The JSON summary of a :class:`~trainwise.trainer.FitResult` that ``fit`` (and an interrupted ``demo``) print."""
     last = result.last
     return {
         "val_accuracy": last.get("val_accuracy"),

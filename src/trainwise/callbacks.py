@@ -1,0 +1,165 @@
+"""Callbacks: a user's own logic at six points of ``Trainer.fit``, with a read-only view of the run that can
+log a metric or ask the run to stop. docs/callbacks.md shows each event with an example.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from trainwise.errors import TrainwiseError, show
+
+EVENTS = ("on_fit_start", "on_epoch_start", "on_step_end", "on_validation_end", "on_epoch_end", "on_fit_end")
+_RESERVED = ("kind", "epoch", "step")
+# other libraries' names for the same points (Lightning, Keras, Hugging Face): named with the fix, never ignored
+_ALIASES = {
+    "on_train_start": "on_fit_start", "on_train_begin": "on_fit_start", "on_fit_begin": "on_fit_start",
+    "on_train_epoch_start": "on_epoch_start", "on_epoch_begin": "on_epoch_start",
+    "on_train_batch_end": "on_step_end", "on_batch_end": "on_step_end", "on_optimizer_step": "on_step_end",
+    "on_validation_epoch_end": "on_validation_end", "on_evaluate": "on_validation_end",
+    "on_train_epoch_end": "on_epoch_end", "on_train_end": "on_fit_end",
+}
+
+
+class Callback:
+    """A base class whose events do nothing; any object with some of the methods in ``EVENTS`` works too.
+
+    Each event receives a :class:`TrainingState`. Only the events a callback defines are called, so an
+    unused ``on_step_end`` costs nothing per step.
+    """
+
+    def on_fit_start(self, state: TrainingState) -> None:
+        """Once, after set-up and any resume, before the first epoch."""
+
+    def on_epoch_start(self, state: TrainingState) -> None:
+        """At the start of each epoch, before its first batch."""
+
+    def on_step_end(self, state: TrainingState) -> None:
+        """After each optimizer step (each accumulation window)."""
+
+    def on_validation_end(self, state: TrainingState) -> None:
+        """After each epoch's validation (only with validation data); metrics logged here join the epoch's
+        record, so ``monitor`` can follow them."""
+
+    def on_epoch_end(self, state: TrainingState) -> None:
+        """After each epoch's record is logged, before its checkpoint."""
+
+    def on_fit_end(self, state: TrainingState) -> None:
+        """Once, when fit ends for any reason; ``state.status`` says which."""
+
+
+class TrainingState:
+    """What a callback sees of the run: read-only values, plus :meth:`log` and :meth:`request_stop`.
+
+    ``metrics`` are the latest values already read from the device (the last log interval during an epoch,
+    the epoch's record after it), so reading them never waits for the device.
+    """
+
+    def __init__(self, run: Any, epochs: int) -> None:
+        self._run = run
+        self.epochs = epochs  # the epochs fit was asked for
+        self.status: str | None = None  # at on_fit_end: finished, stopped_early, interrupted or failed
+        self.stop_reason: str | None = None
+        self._logged: dict[str, float] = {}
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch, counted from 1 (at ``on_fit_end``, the last one trained)."""
+        return int(self._run.epoch or self._run.loop["epoch"])
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken so far."""
+        return int(self._run.accumulator.optimizer_steps)
+
+    @property
+    def metrics(self) -> Mapping[str, float]:
+        return types.MappingProxyType(dict(self._run.latest))
+
+    @property
+    def history(self) -> tuple[Mapping[str, float], ...]:
+        """One record per finished epoch, as ``FitResult.history`` will hold them."""
+        return tuple(types.MappingProxyType(dict(r)) for r in self._run.loop["history"])
+
+    @property
+    def model(self) -> Any:
+        return self._run.model
+
+    @property
+    def optimizer(self) -> Any:
+        return self._run.optimizer
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self._run.run_dir)
+
+    def log(self, name: str, value: Any) -> None:
+        """Log a metric at the current step: in ``metrics.jsonl``, every tracker, and, from
+        ``on_validation_end``, the epoch's record. A tensor is read here (one device sync)."""
+        if not isinstance(name, str) or not name or name in _RESERVED:
+            raise TrainwiseError(f"a callback metric needs a name other than {', '.join(_RESERVED)}, got {show(name)}.")
+        try:
+            number = float(value.item() if hasattr(value, "item") else value)
+        except (TypeError, ValueError, RuntimeError):
+            raise TrainwiseError(f"callback metric {name} must be a number or a one-element tensor, got "
+                                 f"{type(value).__name__}.") from None
+        self._logged[name] = number
+
+    def request_stop(self, reason: str = "a callback asked to stop") -> None:
+        """End the run after the current epoch (its validation, record and checkpoint included); under
+        torchrun the request of rank 0 decides for every process."""
+        self.stop_reason = str(reason)
+
+    def take_logged(self) -> dict[str, float]:
+        logged, self._logged = self._logged, {}
+        return logged
+
+
+class CallbackList:
+    """The run's callbacks, by event; each event calls only the callbacks that define it."""
+
+    def __init__(self, callbacks: Iterable[Any], state: TrainingState) -> None:
+        callbacks = list(_as_list(callbacks))
+        self.state = state
+        self.handlers: dict[str, list[Any]] = {event: [] for event in EVENTS}
+        for callback in callbacks:
+            _check_callback(callback)
+            for event in EVENTS:
+                method = getattr(callback, event, None)
+                if callable(method) and getattr(type(callback), event, None) is not getattr(Callback, event):
+                    self.handlers[event].append(method)
+        self.step_end = bool(self.handlers["on_step_end"])  # checked once per step by the Trainer
+
+    def fire(self, event: str) -> dict[str, float]:
+        """Call ``event`` on each callback that defines it; returns the metrics they logged."""
+        for handler in self.handlers[event]:
+            handler(self.state)
+        return self.state.take_logged()
+
+
+def _as_list(callbacks: Any) -> Iterable[Any]:
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable):
+        return [callbacks]
+    return callbacks
+
+
+def _check_callback(callback: Any) -> None:
+    """A callback defines at least one event; a misspelt one (``on_epoch_ends``) is named with the fix."""
+    if isinstance(callback, type):
+        raise TrainwiseError(f"callbacks takes callback objects, got the class {callback.__name__}; pass "
+                             f"{callback.__name__}() instead.")
+    names = [n for n in dir(callback) if n.startswith("on_") and callable(getattr(callback, n, None))]
+    for name in names:
+        if name in EVENTS:
+            continue
+        close = [_ALIASES[name]] if name in _ALIASES else difflib.get_close_matches(name, EVENTS, n=1, cutoff=0.8)
+        if close:  # a misspelt event would silently never be called
+            raise TrainwiseError(f"callback {type(callback).__name__} has a method {name}, which is no event; did "
+                                 f"you mean {close[0]}?")
+    if not any(n in EVENTS for n in names):
+        raise TrainwiseError(f"callback {type(callback).__name__} defines none of the events {', '.join(EVENTS)}.")

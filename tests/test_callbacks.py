@@ -1,0 +1,159 @@
+"""Trainer(callbacks=...): each event at its point with the state it promises, metrics a callback logs, a
+stop it requests, and one sentence for a callback that would silently never run."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from trainwise import Callback, Trainer, TrainwiseError, read_log
+
+
+def _data(n=96):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 8, generator=g)
+    return TensorDataset(x, (x[:, 0] > 0).long())
+
+
+def _trainer(tmp_path, **options):
+    defaults = dict(epochs=2, batch_size=16, log_every=2, run_dir=str(tmp_path / "run"), progress="off", seed=0)
+    return Trainer(**{**defaults, **options})
+
+
+class Trace(Callback):
+    def __init__(self):
+        self.events = []
+
+    def on_fit_start(self, state):
+        self.events.append(("fit_start", state.epoch, state.step, len(state.history)))
+
+    def on_epoch_start(self, state):
+        self.events.append(("epoch_start", state.epoch, state.step, state.model.training))
+
+    def on_step_end(self, state):
+        self.events.append(("step_end", state.epoch, state.step, dict(state.metrics)))
+
+    def on_validation_end(self, state):
+        self.events.append(("validation_end", state.epoch, state.step, sorted(state.metrics)))
+
+    def on_epoch_end(self, state):
+        self.events.append(("epoch_end", state.epoch, state.step, dict(state.metrics)))
+
+    def on_fit_end(self, state):
+        self.events.append(("fit_end", state.epoch, state.step, state.status))
+
+
+def test_every_event_in_order_with_the_state_it_promises(tmp_path):
+    trace = Trace()
+    result = _trainer(tmp_path, accumulation_steps=2, callbacks=[trace]).fit(
+        lambda: nn.Linear(8, 2), _data(), _data(32))
+    kinds = [e[0] for e in trace.events]
+    per_epoch = ["epoch_start", *["step_end"] * 3, "validation_end", "epoch_end"]  # 6 batches, windows of 2
+    assert kinds == ["fit_start", *per_epoch, *per_epoch, "fit_end"]
+    assert trace.events[0] == ("fit_start", 1, 0, 0)
+    steps = [e[2] for e in trace.events if e[0] == "step_end"]
+    assert steps == [1, 2, 3, 4, 5, 6]  # after each optimizer step, not each micro-batch
+    # during an epoch, the metrics are the last log interval's (no device read per step)
+    assert trace.events[2][3] == {} and "loss" in trace.events[3][3]
+    assert trace.events[5][3] == ["epoch", "train_accuracy", "train_loss", "val_accuracy", "val_loss"]
+    assert trace.events[6][3] == result.history[0]
+    assert trace.events[-1] == ("fit_end", 2, 6, "finished")
+
+
+def test_a_metric_logged_after_validation_joins_the_epoch_record_and_can_be_monitored(tmp_path):
+    class ValError(Callback):
+        def on_validation_end(self, state):
+            state.log("val_error", 1.0 - state.metrics["val_accuracy"])
+
+        def on_step_end(self, state):
+            state.log("grad_steps", torch.tensor(state.step))  # a tensor is read once, here
+
+    result = _trainer(tmp_path, epochs=3, callbacks=[ValError()], monitor="val_error", patience=5).fit(
+        lambda: nn.Linear(8, 2), _data(), _data(32))
+    assert [r["val_error"] for r in result.history] == [pytest.approx(1 - r["val_accuracy"]) for r in result.history]
+    assert result.best_value == min(r["val_error"] for r in result.history)
+    steps = [(r["step"], r["grad_steps"]) for r in read_log(result.run_dir) if r["kind"] == "metric"]
+    assert steps == [(s, float(s)) for s in range(1, 19)]
+
+
+def test_a_requested_stop_ends_the_run_after_the_current_epoch_with_its_checkpoint(tmp_path):
+    class StopAtStep(Callback):
+        def on_step_end(self, state):
+            if state.step == 8:  # in epoch 2: the epoch finishes, validates and saves, then the run ends
+                state.request_stop("the time budget is spent")
+
+    result = _trainer(tmp_path, epochs=5, callbacks=[StopAtStep()]).fit(lambda: nn.Linear(8, 2), _data(), _data(32))
+    assert len(result.history) == 2 and result.steps == 12 and result.stopped_early
+    assert result.message == "stopped after epoch 2: the time budget is spent."
+    kinds = [(r["kind"], r.get("status")) for r in read_log(result.run_dir)][-2:]
+    assert kinds == [("stopped_early", None), ("end", "stopped_early")] and (result.run_dir / "checkpoints").exists()
+    resumed = _trainer(tmp_path, epochs=5, resume="auto").fit(lambda: nn.Linear(8, 2), _data(), _data(32))
+    assert resumed.stopped_early and len(resumed.history) == 2  # a stopped run stays stopped
+
+
+def test_any_object_with_an_event_is_a_callback(tmp_path):
+    seen = []
+    callback = types.SimpleNamespace(on_epoch_end=lambda state: seen.append(state.epoch))
+    _trainer(tmp_path, callbacks=[callback]).fit(lambda: nn.Linear(8, 2), _data())
+    assert seen == [1, 2]
+
+
+class Misspelt:
+    def on_epoch_ends(self, state):
+        pass
+
+
+class LightningStyle:
+    def on_train_batch_end(self, state):
+        pass
+
+
+class Nothing:
+    def helper(self):
+        pass
+
+
+@pytest.mark.parametrize(("callback", "message"), [
+    (Misspelt(), "callback Misspelt has a method on_epoch_ends, which is no event; did you mean on_epoch_end?"),
+    (LightningStyle(), "has a method on_train_batch_end, which is no event; did you mean on_step_end?"),
+    (Nothing(), "callback Nothing defines none of the events on_fit_start,"),
+    (Trace, "callbacks takes callback objects, got the class Trace; pass Trace() instead."),
+])
+def test_a_callback_that_would_never_run_is_one_sentence(tmp_path, callback, message):
+    with pytest.raises(TrainwiseError) as info:
+        _trainer(tmp_path, callbacks=[callback]).fit(lambda: nn.Linear(8, 2), _data())
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("val_loss", 1.0, "a callback logged val_loss, which the Trainer already logs this epoch"),
+    ("step", 1.0, "a callback metric needs a name other than kind, epoch, step"),
+    ("f1", "high", "callback metric f1 must be a number or a one-element tensor, got str."),
+])
+def test_a_bad_callback_metric_is_one_sentence(tmp_path, name, value, message):
+    class Logs(Callback):
+        def on_validation_end(self, state):
+            state.log(name, value)
+
+    with pytest.raises(TrainwiseError) as info:
+        _trainer(tmp_path, callbacks=[Logs()]).fit(lambda: nn.Linear(8, 2), _data(), _data(32))
+    assert message in str(info.value)
+    records = read_log(tmp_path / "run")
+    assert "epoch" not in [r["kind"] for r in records]  # nothing half-logged
+    assert records[-1]["kind"] == "end" and records[-1]["status"] == "failed"
+    assert records[-1]["error"].startswith("TrainwiseError: ")
+
+
+def test_an_unused_step_event_costs_nothing_per_step(tmp_path):
+    class EpochOnly(Callback):
+        def on_epoch_end(self, state):
+            pass
+
+    from trainwise.callbacks import CallbackList, TrainingState
+
+    listed = CallbackList([EpochOnly()], TrainingState(None, 1))
+    assert not listed.step_end and listed.handlers["on_step_end"] == []
