@@ -127,6 +127,7 @@ def test_predict_saves_atomically_and_keeps_a_good_file_on_error(artifact, tmp_p
     assert "must end in .npy" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_predict_missing_files_exit_2_without_traceback(artifact, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "trainwise.cli", "predict", str(artifact), str(tmp_path / "none.npy")],

@@ -106,6 +106,7 @@ def test_round_trip_parity_at_three_batch_sizes(exported):
         torch.testing.assert_close(run(x), _eval_outputs(model, x), **TOL)
 
 
+@pytest.mark.slow
 def test_train_mode_export_gives_eval_outputs(exported):
     model, example = exported["model"], exported["example"]
     if not any(isinstance(m, (nn.Dropout, nn.BatchNorm2d)) and m.training for m in model.modules()):

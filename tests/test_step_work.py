@@ -108,6 +108,7 @@ def test_the_counter_sees_a_read_per_step(monkeypatch):
     assert len(reads) >= step_work.LAST - step_work.FIRST - 1
 
 
+@pytest.mark.slow
 def test_trainer_adds_few_torch_operations_per_step():
     report = step_work.measure(["minimal", "trainer-off", "trainer"])
     sides = report["sides"]

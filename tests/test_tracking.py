@@ -261,6 +261,7 @@ def test_only_rank_0_logs_under_several_processes(tmp_path):
 
 
 @needs_mlflow
+@pytest.mark.slow
 def test_a_tracking_store_that_cannot_start_is_one_sentence(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "file:./mlruns")  # MLflow 3 refuses a file store by default

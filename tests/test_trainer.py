@@ -38,6 +38,7 @@ def _weights(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_demo_same_seed_with_workers_is_bitwise_identical(tmp_path):
     runs = [
         run_demo(seed=s, epochs=2, workers=2, run_dir=str(tmp_path / f"r{i}"), device="cpu", progress="off")
@@ -86,8 +87,12 @@ def test_no_tensor_with_grad_fn_survives_a_step(tmp_path):
             return {id(o) for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.grad_fn is not None}
 
     before = graph_tensors()  # other tests may keep their own graphs alive; only ours count
-    model = _mlp()
-    _trainer(tmp_path, epochs=3, batch_size=16, loss_fn=loss_fn, log_every=1).fit(model, _data(), _data(32, 1))
+    gc.freeze()  # collections scan only what this test creates, however much earlier tests imported (seconds)
+    try:
+        model = _mlp()
+        _trainer(tmp_path, epochs=3, batch_size=16, loss_fn=loss_fn, log_every=1).fit(model, _data(), _data(32, 1))
+    finally:
+        gc.unfreeze()
     assert len(previous) == 2 * 3 * 4
     assert leaks == []
     assert not graph_tensors() - before

@@ -154,6 +154,7 @@ def test_run_dir_under_a_file_is_refused(tmp_path):
         _trainer(tmp_path / "file" / "run", epochs=1).fit(_mlp(), _data())
 
 
+@pytest.mark.slow
 def test_unwritable_run_dir_is_refused_before_training():
     import tempfile
 

@@ -432,6 +432,7 @@ print(json.dumps(results))
 """
 
 
+@pytest.mark.slow
 def test_a_real_file_size_limit_is_named(tmp_path):
     import json
 

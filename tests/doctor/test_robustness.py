@@ -45,6 +45,7 @@ def messy(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_each_bad_file_gives_one_tw900_and_the_rest_runs(messy):
     before = _digest(messy)
     results = {os.path.basename(r.path): r for r in check_paths([str(messy)])}

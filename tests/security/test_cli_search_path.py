@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_a_numpy_py_in_the_current_folder_is_not_imported(tmp_path):
     marker = tmp_path / "MARK"
     (tmp_path / "numpy.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")

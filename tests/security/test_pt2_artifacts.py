@@ -282,6 +282,7 @@ def test_predict_refuses_the_attack_with_one_line(base, batch, tmp_path, name, c
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_predict_in_a_fresh_process_exits_2_without_running_the_payload(base, batch, tmp_path):
     path, marker = _build(base, tmp_path, "pickled-weight")
     proc = subprocess.run(
