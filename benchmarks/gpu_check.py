@@ -6,7 +6,9 @@
 
 Checks: device "auto" picks CUDA; precision "auto" picks bf16 (or fp16 with a scaler on older GPUs); a bf16 and
 an fp16 Trainer run of the demo reach the CPU accuracy; fp16 steps go through GradScaler; batches from pinned
-memory arrive with non-blocking copies. Then run `benchmarks/overhead.py` on the same machine for the ratios.
+memory arrive with non-blocking copies; ``batch_size="auto"`` recovers from a real CUDA out-of-memory error
+(the process capped at 4 GiB) to the weights of a run at the fitting micro-batch. Then run
+`benchmarks/overhead.py` on the same machine for the ratios.
 
 Then it times the Trainer against a minimal hand-written loop on a GPT-2-small-shaped decoder (12 layers, 12
 heads, d_model 768, vocab 50257, context 1024, tied embeddings, ``scaled_dot_product_attention`` with
@@ -350,6 +352,49 @@ def check_cuda_paths() -> list[str]:
     return failures
 
 
+def check_oom_recovery(cap_gib: float = 4.0) -> list[str]:
+    """batch_size="auto" against a real CUDA out-of-memory error: with this process capped at ``cap_gib``, an
+    effective batch whose activations need about 8 GiB must halve until it fits and train to the weights of a
+    run that used the fitting micro-batch from the start (allclose; GPU sums are not bitwise reproducible)."""
+    import trainwise as tw
+
+    failures: list[str] = []
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * 2**30 / total))
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(65536, 1024, generator=g), torch.randint(0, 10, (65536,),
+                                                                                              generator=g))
+
+    def model() -> nn.Module:  # 16,384 activations a sample: 65,536 samples hold about 8 GiB for backward
+        return nn.Sequential(nn.Linear(1024, 16384), nn.ReLU(), nn.Linear(16384, 10))
+
+    def fit(batch_size: Any, run_dir: str) -> tuple[nn.Module, list[dict[str, Any]]]:
+        result = tw.Trainer(epochs=1, batch_size=batch_size, effective_batch=65536, precision="fp32", device="cuda",
+                            progress="off", checkpoints=False, plot=False, guards="off", run_dir=run_dir,
+                            seed=0).fit(model, data)
+        return result.model, [r for r in tw.read_log(run_dir) if r["kind"] == "oom"]
+
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            auto, ooms = fit("auto", f"{folder}/auto")
+            for record in ooms:
+                print(record["message"])
+            if not ooms:
+                failures.append(f"no out-of-memory error under a {cap_gib} GiB cap: the check proved nothing")
+                return failures
+            size = ooms[-1]["micro_batch"]
+            reference, _ = fit(size, f"{folder}/reference")
+            diff = max((a - b).abs().max().item() for a, b in zip(auto.parameters(), reference.parameters()))
+            print(f"OOM recovery: trained at micro-batch {size} x {ooms[-1]['micro_batches']}; largest weight "
+                  f"difference from a run at {size} from the start {diff:.2e}")
+            if not diff < 1e-4:
+                failures.append(f"OOM recovery: weights differ by {diff:.2e} from the run at micro-batch {size}")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+    return failures
+
+
 def timing_failures(report: dict[str, Any]) -> list[str]:
     """A side that took no time or whose loss is not finite did not do the work (no time is asserted)."""
     failures = []
@@ -395,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device here; nothing to check")
         return 0
     else:
-        failures = check_cuda_paths()
+        failures = check_cuda_paths() + check_oom_recovery()
         device = torch.device("cuda")
     threads = torch.get_num_threads()
     if device.type == "cpu":

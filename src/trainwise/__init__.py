@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 # Names resolve on first use (PEP 562), so that `import trainwise` (and the doctor) never pays for torch.
 _EXPORTS = {
+    "is_out_of_memory": "trainwise.oom",
+    "AdaptiveMicroBatches": "trainwise.oom",
     "StepBoundaryInterrupt": "trainwise.interrupts",
     "MLflowLogger": "trainwise.tracking",
     "TensorBoardLogger": "trainwise.tracking",
@@ -108,6 +110,7 @@ _EXPORTS = {
 
 __all__ = [
     "Accuracy",
+    "AdaptiveMicroBatches",
     "Callback",
     "CheckpointManager",
     "DeviceChoice",
@@ -168,6 +171,7 @@ __all__ = [
     "guard",
     "init_distributed",
     "is_main_process",
+    "is_out_of_memory",
     "load_checkpoint",
     "load_exported",
     "load_weights",
@@ -270,6 +274,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
     )
     from trainwise.interrupts import StepBoundaryInterrupt
     from trainwise.metrics import Accuracy, Mean, MetricSet
+    from trainwise.oom import AdaptiveMicroBatches, is_out_of_memory
     from trainwise.optimizers import build_optimizer
     from trainwise.plots import plot_learning_curves, write_learning_curves_svg
     from trainwise.results import FitResult

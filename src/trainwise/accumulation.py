@@ -192,6 +192,14 @@ class GradientAccumulator:
         # a summed loss of zero items: the window's count gains 0 (a tensor: backward checks only host counts)
         self.backward(zero, count=torch.zeros((), device=zero.device), reduction="sum")
 
+    def discard_window(self) -> None:
+        """Forget the current window, its gradients and counts, as if it never started (a window redone at a
+        smaller micro-batch after running out of memory)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.micro_batches = 0
+        self._count = 0
+        self._expected = None
+
     def parameters(self) -> list[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 

@@ -23,7 +23,7 @@ class TrainerConfig:
     epochs: int = 10  # passes over the training data
     lr: float = 1e-3  # learning rate of the default optimizer (AdamW)
     weight_decay: float = 0.01  # of the default optimizer
-    batch_size: int = 32  # micro-batch size when fit() is given a Dataset
+    batch_size: int | Literal["auto"] = 32  # micro-batch size; "auto": the largest that fits effective_batch
     effective_batch: int | None = None  # samples per optimizer step; a multiple of batch_size
     accumulation_steps: int | None = None  # micro-batches per optimizer step (alternative to effective_batch)
     eval_batch_size: int | None = None  # defaults to batch_size
@@ -72,7 +72,7 @@ class TrainerConfig:
         if not 0 <= self.seed <= _MAX_SEED:
             raise TrainwiseError(f"seed must be an integer between 0 and {_MAX_SEED}, got {self.seed}.")
         for name in ("epochs", "batch_size", "log_every", "keep_last"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) != "auto" and getattr(self, name) < 1:
                 raise TrainwiseError(f"{name} must be at least 1, got {getattr(self, name)}.")
         for name in ("effective_batch", "accumulation_steps", "eval_batch_size", "checkpoint_every"):
             value = getattr(self, name)
@@ -80,6 +80,9 @@ class TrainerConfig:
                 raise TrainwiseError(f"{name} must be at least 1 or unset, got {value}.")
         if self.effective_batch is not None and self.accumulation_steps is not None:
             raise TrainwiseError("set effective_batch or accumulation_steps, not both.")
+        if self.batch_size == "auto" and self.effective_batch is None:
+            raise TrainwiseError("batch_size='auto' needs effective_batch, the samples per optimizer step it keeps "
+                                 "while it finds the micro-batch that fits; set effective_batch too.")
         if self.num_workers < 0:
             raise TrainwiseError(f"num_workers must be 0 or more, got {self.num_workers}.")
         if self.num_workers > max_workers():
@@ -146,11 +149,19 @@ def unknown_option(values: dict[str, Any], *, where: str = "Trainer option") -> 
 def _check_type(name: str, value: Any, hint: Any) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
-    if origin is typing.Union or (origin is not None and type(None) in args):  # X | None
-        if value is None:
+    if origin is typing.Union or (origin is not None and type(None) in args):  # X | None, int | Literal[...]
+        if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _check_type(name, value, inner[0])
+        if len(inner) == 1:
+            return _check_type(name, value, inner[0])
+        for hint in inner:
+            try:
+                return _check_type(name, value, hint)
+            except TrainwiseError:
+                continue
+        kinds = " or ".join(_KIND_NAMES.get(h, "") or ", ".join(map(repr, typing.get_args(h))) for h in inner)
+        raise TrainwiseError(f"{name} must be {kinds}, got {show(value)}.")
     if origin is Literal:
         if value not in args:
             raise TrainwiseError(f"{name} must be one of {', '.join(map(repr, args))}, got {show(value)}.")
@@ -197,6 +208,9 @@ def _check_type(name: str, value: Any, hint: Any) -> Any:
     return value
 
 
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
 def _int_key(key: str) -> Any:
     """``"3"`` -> 3 for tables keyed by integers (TOML keys are strings); anything else stays as it is."""
     text = key.strip()
@@ -217,9 +231,18 @@ def _parse_value(name: str, raw: str, hint: Any) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin is typing.Union or (origin is not None and type(None) in args):
-        if raw.lower() in ("none", "null", ""):
+        if type(None) in args and raw.lower() in ("none", "null", ""):
             return None
-        return _parse_value(name, raw, next(a for a in args if a is not type(None)))
+        inner = [a for a in args if a is not type(None)]
+        words = [h for h in inner if typing.get_origin(h) is Literal and raw in typing.get_args(h)]
+        if words:  # batch_size=auto
+            return raw
+        if len(inner) > 1:
+            try:
+                return _parse_value(name, raw, inner[0])
+            except TrainwiseError:
+                return _check_type(name, raw, hint)  # the sentence naming every form
+        return _parse_value(name, raw, inner[0])
     if origin is Literal:
         return _check_type(name, raw, hint)
     if origin is list and not raw.lstrip().startswith("["):  # loggers=tensorboard,mlflow

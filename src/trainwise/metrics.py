@@ -215,6 +215,17 @@ class MetricSet:
         rows = torch.stack([m.fold() for m in self._metrics.values()]).tolist()
         return {name: count for name, (_, count) in zip(self._metrics, rows)}
 
+    def snapshot(self) -> dict[str, tuple[Metric, torch.Tensor, float]]:
+        """The metrics with a device copy of their sums, for :meth:`restore` (no host sync)."""
+        return {name: (m, m.state.clone(), m._host_count) for name, m in self._metrics.items()}
+
+    def restore(self, snapshot: dict[str, tuple[Metric, torch.Tensor, float]]) -> None:
+        """Undo every update since :meth:`snapshot` (a window redone after running out of memory)."""
+        self._metrics = {name: metric for name, (metric, _, _) in snapshot.items()}
+        for metric, state, host_count in snapshot.values():
+            metric.state.copy_(state)
+            metric._host_count = host_count
+
     def state_dict(self) -> dict[str, dict[str, Any]]:
         """Every metric's kind and numerator/denominator, for checkpoints (loads with ``weights_only``)."""
         return {

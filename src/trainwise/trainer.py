@@ -56,6 +56,7 @@ from trainwise.guards.loss import NonFiniteLossGuard, check_finite_everywhere
 from trainwise.guards.registry import all_check_classes
 from trainwise.interrupts import StepBoundaryInterrupt
 from trainwise.metrics import Mean, MetricSet
+from trainwise.oom import AdaptiveMicroBatches, check_auto_loader
 from trainwise.optimizers import OptimizerArg, build_optimizer, build_scheduler
 from trainwise.plots import PLOT_HINT, plot_learning_curves, write_learning_curves_svg
 from trainwise.progress import BarProgress, PlainProgress, make_progress, plural
@@ -96,7 +97,7 @@ class Trainer:
         epochs: int = 10,
         lr: float = 1e-3,
         weight_decay: float = 0.01,
-        batch_size: int = 32,
+        batch_size: int | Literal["auto"] = 32,
         effective_batch: int | None = None,
         accumulation_steps: int | None = None,
         eval_batch_size: int | None = None,
@@ -191,13 +192,20 @@ class Trainer:
         scheduler = build_scheduler(self.scheduler, optimizer)
         plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         loaders = {"seed": cfg.seed, "num_workers": cfg.num_workers, "device": device, "shard": self._dist.enabled}
-        train_loader = training_loader(train_data, batch_size=cfg.batch_size, epochs=cfg.epochs, **loaders)
+        auto = cfg.batch_size == "auto"  # each batch of effective_batch samples is one window, split as it fits
+        batch_size = cfg.effective_batch if auto else cfg.batch_size
+        if auto and sharded:
+            raise TrainwiseError("batch_size='auto' is not supported with distributed='fsdp'; set batch_size to "
+                                 "a micro-batch that fits, with effective_batch.")
+        train_loader = training_loader(train_data, batch_size=batch_size, epochs=cfg.epochs, **loaders)
+        if auto:
+            check_auto_loader(train_loader, cfg.effective_batch)
         val_loader = None if val_data is None else evaluation_loader(
-            val_data, batch_size=cfg.eval_batch_size or cfg.batch_size, **loaders)
+            val_data, batch_size=cfg.eval_batch_size or batch_size, **loaders)
         accumulator = GradientAccumulator(
             optimizer,
-            steps=window_steps(train_loader, effective_batch=cfg.effective_batch, steps=cfg.accumulation_steps,
-                               split=self.split_batch),
+            steps=1 if auto else window_steps(train_loader, effective_batch=cfg.effective_batch,
+                                              steps=cfg.accumulation_steps, split=self.split_batch),
             scheduler=None if plateau else scheduler,
             scaler=precision.make_scaler(),
             max_grad_norm=cfg.max_grad_norm,
@@ -221,6 +229,9 @@ class Trainer:
             stream=StreamCheck(train_loader),
             agree_on_last=self._dist.enabled and length(train_loader) is None,
         )
+        if auto:
+            run.micro = AdaptiveMicroBatches(cfg.effective_batch, distributed=self._dist.enabled, model=forward_model,
+                                             on_shrink=lambda old, new: self._shrunk(run, old, new))
         run.facts = run_facts(model=model, optimizer=optimizer, scheduler=scheduler, loader=train_loader,
                               window=accumulator.steps, precision=precision.name, world_size=self._dist.world_size)
         self._open_run_folder(run)
@@ -229,9 +240,21 @@ class Trainer:
                 run.progress.message(note["message"])
             run.log.write({"kind": "note", **note})
         self._resume(run)
+        if run.micro is not None and run.loop.get("micro_batch"):  # a resume starts at the size that fitted
+            run.micro.size = int(run.loop["micro_batch"])
         self._install_guards(run)
         self._open_trackers(run)
         return run
+
+    def _shrunk(self, run: _Run, old: int, new: int) -> None:
+        """batch_size='auto' ran out of memory: say so once per halving; checkpoints keep the new size."""
+        step, windows = run.accumulator.optimizer_steps + 1, run.micro.parts(self.config.effective_batch)
+        message = (f"OOM at micro-batch {old} in step {step}: continuing with {new} x {windows}, effective batch "
+                   f"{self.config.effective_batch} unchanged.")
+        run.loop["micro_batch"] = new
+        run.progress.message(message)
+        run.log.write({"kind": "oom", "step": step, "micro_batch_before": old, "micro_batch": new,
+                       "micro_batches": windows, "message": message})
 
     def _open_trackers(self, run: _Run) -> None:
         """The loggers beside metrics.jsonl (rank 0 only), and the callbacks with their view of the run."""
@@ -482,8 +505,11 @@ class Trainer:
         for batch, last_batch in loader.with_last():  # the last batch is known without len()
             if run.agree_on_last:  # DDP on data without len(): every rank must end on the same batch
                 same_last_batch(last_batch, loader.batches_done, device=run.device)
-            last = run.accumulator.ends_window(last=last_batch)
-            self._train_micro_batch(run, batch, last)
+            if run.micro is None:
+                last = run.accumulator.ends_window(last=last_batch)
+                self._train_micro_batch(run, batch, last)
+            else:
+                last = self._train_window(run, batch)
             if last:
                 self._after_window(run, epoch)
                 if run.callbacks.step_end:
@@ -505,7 +531,7 @@ class Trainer:
             check_finite_everywhere(run.guard, run.accumulator.optimizer_steps)
         return global_metric_values(run.metrics)  # sums over every process (one all-reduce)
 
-    def _train_micro_batch(self, run: _Run, batch: Any, last: bool) -> None:
+    def _train_micro_batch(self, run: _Run, batch: Any, last: bool, *, step: bool = True) -> None:
         """Forward and backward one micro-batch (the gradient sync only on a window's last), count it, and
         step the optimizer at the end of its window."""
         accumulator = run.accumulator
@@ -522,12 +548,34 @@ class Trainer:
         self._update_accuracy(run.metrics, micro, run.loop)
         if self.config.nonfinite == "stop" and loss is not None:
             run.guard.observe(loss, accumulator.optimizer_steps + 1)
-        if last:
-            stepped = accumulator.step()
-            if run.window_loss is not None:  # nonfinite="skip": a skipped step's losses are not averaged in
-                if stepped:
-                    run.metrics.mean("loss").update_sum(*run.window_loss.fold())
-                run.window_loss.reset()
+        if last and step:
+            self._step(run)
+
+    def _step(self, run: _Run) -> None:
+        stepped = run.accumulator.step()
+        if run.window_loss is not None:  # nonfinite="skip": a skipped step's losses are not averaged in
+            if stepped:
+                run.metrics.mean("loss").update_sum(*run.window_loss.fold())
+            run.window_loss.reset()
+
+    def _train_window(self, run: _Run, batch: Any) -> bool:
+        """batch_size='auto': one batch of effective_batch samples in micro-batches of the size that fits; out
+        of memory, the window is redone from its start at half the size (its updates undone first)."""
+        metrics, seen = run.metrics.snapshot(), run.stream.seen
+        pending = None if run.window_loss is None else (run.window_loss.state.clone(), run.window_loss._host_count)
+
+        def discard() -> None:
+            run.accumulator.discard_window()
+            run.metrics.restore(metrics)
+            run.stream.seen = seen
+            if pending is not None:
+                run.window_loss.state.copy_(pending[0])
+                run.window_loss._host_count = pending[1]
+
+        run.micro.step = run.accumulator.optimizer_steps
+        run.micro.run(batch, lambda part, last: self._train_micro_batch(run, part, last, step=False), discard=discard)
+        self._step(run)
+        return True
 
     def _after_window(self, run: _Run, epoch: int) -> None:
         """After each window: log every ``log_every`` windows, checkpoint every ``checkpoint_every``."""
@@ -669,6 +717,7 @@ class _Run:
     early_show: int = 0  # the next window of the epoch whose running values the bar shows (0: none)
     epoch_windows: int = 0  # windows before this epoch
     ended: bool = False  # callbacks and trackers were told the end state
+    micro: AdaptiveMicroBatches | None = None  # batch_size="auto": the micro-batch size that fits
     epoch: int = 0  # the epoch training is in (or last was in)
 
 
