@@ -95,3 +95,36 @@ def test_a_handler_the_program_installed_is_left_alone():
             assert not interrupt.active and not interrupt.requested and seen == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_while_a_checkpoint_is_written_waits_for_the_file_then_raises(tmp_path, monkeypatch):
+    """The Ctrl-C arrives inside torch.save of the epoch-end checkpoint: raised there, it broke the zip being
+    written ("unexpected pos" from torch's writer, an error instead of an interrupt); held, the file is whole."""
+    import trainwise.trainer
+
+    real = trainwise.trainer.save_training_checkpoint
+
+    def interrupted_inside(*args, **kwargs):
+        original_save = torch.save
+
+        def save(*a, **k):
+            os.kill(os.getpid(), signal.SIGINT)  # delivered at the next bytecode, inside torch's writer
+            return original_save(*a, **k)
+
+        monkeypatch.setattr(torch, "save", save)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            monkeypatch.setattr(torch, "save", original_save)
+
+    monkeypatch.setattr(trainwise.trainer, "save_training_checkpoint", interrupted_inside)
+    with pytest.raises(KeyboardInterrupt) as info:
+        _fit(tmp_path / "cut")
+    cut = info.value.result
+    assert cut.steps == 5 and len(cut.history) == 1 and "its checkpoint at step 5 resumes it" in cut.message
+    monkeypatch.setattr(trainwise.trainer, "save_training_checkpoint", real)
+    resumed, result = _fit(tmp_path / "cut", resume="auto")
+    reference, full = _fit(tmp_path / "full")
+    assert result.steps == full.steps
+    for key, value in reference.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[key]), key

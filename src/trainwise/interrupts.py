@@ -4,8 +4,10 @@ accumulation window has stepped, so the state a checkpoint saves is exact; a sec
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -44,6 +46,15 @@ class StepBoundaryInterrupt:
         if self.active:
             signal.signal(signal.SIGINT, self._previous)
             self.active = False
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold a Ctrl-C for the duration (a checkpoint being written), as during training."""
+        armed, self.armed = self.armed, True
+        try:
+            yield
+        finally:
+            self.armed = armed
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.armed and not self.requested:

@@ -470,6 +470,9 @@ class Trainer:
         run.loop["epoch"] = epoch + 1
         run.loop["stopped_early"] = stop  # a resumed run that had stopped stays stopped
         self._checkpoint(run, metric=record.get(cfg.monitor))
+        if run.interrupt.requested:  # Ctrl-C while the epoch's checkpoint was written: raised once it is whole
+            run.interrupt_saved = cfg.checkpoints
+            raise KeyboardInterrupt
         if stop:
             run.outcome.stopped_early = True
             by_stopper, reason = stopper is not None and asked is None, asked or "rank 0 asked to stop"
@@ -515,7 +518,8 @@ class Trainer:
                 if run.callbacks.step_end:
                     self._fire(run, "on_step_end")
                 if interrupt.requested:  # Ctrl-C held until this step was taken: the state is exact
-                    self._checkpoint(run)
+                    if run.checkpoint_step != run.accumulator.optimizer_steps:
+                        self._checkpoint(run)
                     run.interrupt_saved = self.config.checkpoints
                     raise KeyboardInterrupt
             run.progress.advance()
@@ -601,9 +605,11 @@ class Trainer:
             return
         if self.config.nonfinite == "stop":
             check_finite_everywhere(run.guard, run.accumulator.optimizer_steps)
-        save_training_checkpoint(run.manager, run.resumable, step=run.accumulator.optimizer_steps, metric=metric,
-                                 config={**self.config.to_dict(), FACTS_KEY: run.facts}, run_dir=run.run_dir,
-                                 background=True)  # fsync and pruning overlap the next epoch
+        with run.interrupt.held():  # a Ctrl-C inside torch.save would break the file being written
+            save_training_checkpoint(run.manager, run.resumable, step=run.accumulator.optimizer_steps, metric=metric,
+                                     config={**self.config.to_dict(), FACTS_KEY: run.facts}, run_dir=run.run_dir,
+                                     background=True)  # fsync and pruning overlap the next epoch
+        run.checkpoint_step = run.accumulator.optimizer_steps
 
     def _finish(self, run: _Run, *, restore_best: bool = True) -> FitResult:
         """Restore the best weights (early stopping), find the best epoch, draw the curves, build the result."""
@@ -719,6 +725,7 @@ class _Run:
     ended: bool = False  # callbacks and trackers were told the end state
     micro: AdaptiveMicroBatches | None = None  # batch_size="auto": the micro-batch size that fits
     epoch: int = 0  # the epoch training is in (or last was in)
+    checkpoint_step: int = -1  # the step of the last checkpoint written
 
 
 def _build_model(factory: Callable[[], Any]) -> torch.nn.Module:

@@ -73,6 +73,11 @@ def _run(args: argparse.Namespace) -> int:
             codes = ", ".join(r.code for r in all_rules())
             raise TrainwiseError(f"--explain: no rule {args.explain!r}; the codes are {codes}.")
         print(f"# {rule.code} {rule.name}\n\n{rule.documentation()}")
+        from trainwise.labs import lab_for_code
+
+        lab = lab_for_code(rule.code)
+        if lab is not None:
+            print(f"\nSee it measured, the wrong way and the right way: trainwise lab {lab.name}")
         return 0
     if args.list_rules:
         for rule in all_rules():

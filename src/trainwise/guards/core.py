@@ -31,8 +31,12 @@ class GuardFinding:
     message: str
 
     def __str__(self) -> str:
+        from trainwise.labs import lab_for_code
+
         place = f" ({self.where})" if self.where else ""
-        return f"{self.code} at step {self.step}{place}: {self.message} (trainwise doctor --explain {self.code})"
+        lab = lab_for_code(self.code)
+        see = f"trainwise doctor --explain {self.code}" + (f"; measured: trainwise lab {lab.name}" if lab else "")
+        return f"{self.code} at step {self.step}{place}: {self.message} ({see})"
 
 
 class GuardWarning(UserWarning):
