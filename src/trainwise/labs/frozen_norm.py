@@ -28,7 +28,7 @@ def _running_stats(model) -> dict:
             if "running_" in name or "num_batches_tracked" in name}
 
 
-def _measure() -> LabResult:
+def measure() -> LabResult:
     import copy
 
     import torch
@@ -104,20 +104,6 @@ def _measure() -> LabResult:
              and figures[f"{right}: running statistics bitwise unchanged"] and kept == 0.0 and kept_out == 0.0
              and figures[f"{right}: frozen tensors handed to the optimizer"] == 0)
     return LabResult(figures=figures, reading=reading, shown=shown)
-
-
-def measure() -> LabResult:
-    """One intra-op thread, restored afterwards: these tensors are tiny, and on a busy 2-core machine a second
-    thread that waits for a core makes every operation many times slower (the effects measured do not depend
-    on it)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _measure()
-    finally:
-        torch.set_num_threads(threads)
 
 
 LAB = Lab(name="frozen-norm", fundamental=6, title="frozen BatchNorm: requires_grad_(False) vs freeze()",

@@ -58,7 +58,7 @@ def _graph_nodes(total) -> int:
     return len(seen)
 
 
-def _measure() -> LabResult:
+def measure() -> LabResult:
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -132,20 +132,6 @@ def _measure() -> LabResult:
                f"loss.item() and Mean held {right_mb:g} MB and {right_nodes} nodes.")
     shown = (growth > 0.9 * step_bytes / 2**20 > 0 and node_growth >= 1 and right_mb == 0.0 and right_nodes == 0)
     return LabResult(figures=figures, reading=reading, shown=shown, series=series)
-
-
-def measure() -> LabResult:
-    """One intra-op thread, restored afterwards: these tensors are tiny, and on a busy 2-core machine a second
-    thread that waits for a core makes every operation many times slower (the effects measured do not depend
-    on it)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _measure()
-    finally:
-        torch.set_num_threads(threads)
 
 
 def plot(result: LabResult, folder: Path) -> Path:

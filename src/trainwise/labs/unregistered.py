@@ -11,17 +11,6 @@ STEPS = 30
 
 def measure() -> LabResult:
     import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tensors this small gain nothing from threads, and one is immune to other load
-    try:
-        return _measure()
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _measure() -> LabResult:
-    import torch
     from torch import nn
 
     from trainwise.guards.core import guard
