@@ -208,16 +208,25 @@ def mlflow_store(tmp_path, monkeypatch):
 def test_mlflow_holds_params_metric_histories_artifacts_and_the_end_state(tmp_path, mlflow_store):
     from mlflow.tracking import MlflowClient
 
-    result = _trainer(tmp_path / "run", loggers=["mlflow"]).fit(lambda: nn.Linear(8, 2), _data(), _data(32))
+    # a table keyed by parameter patterns: "backbone.*" is no valid MLflow key, so it goes as one JSON value
+    class OddName:  # "@" is no character of an MLflow key: sent as f1_5, the logger stays on
+        def on_validation_end(self, state):
+            state.log("f1@5", 0.5)
+
+    result = _trainer(tmp_path / "run", loggers=["mlflow"], lr_by_pattern={"bia*": 1e-4},
+                      callbacks=[OddName()]).fit(lambda: nn.Linear(8, 2), _data(), _data(32))
     run_id = json.loads((result.run_dir / "mlflow.json").read_text())["run_id"]
     client = MlflowClient(mlflow_store)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["trainwise.end_state"] == "finished"
     assert client.get_experiment(run.info.experiment_id).name == "trainwise-tests"
     assert run.data.params["trainer.batch_size"] == "16" and run.data.params["precision"] == "fp32"
+    assert json.loads(run.data.params["trainer.lr_by_pattern"]) == {"bia*": 1e-4}
+    assert not [r for r in read_log(result.run_dir) if r["kind"] == "logger_failed"]
     history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "val_loss"))
     assert history == [(r["step"], pytest.approx(r["val_loss"])) for r in result.history]
     assert len(client.get_metric_history(run_id, "running_train_loss")) == 6
+    assert [m.value for m in client.get_metric_history(run_id, "f1_5")] == [0.5, 0.5]
     assert {a.path for a in client.list_artifacts(run_id)} == {"learning_curves.svg", "final-weights.pt"}
 
     # a resume continues the same MLflow run; an interrupt ends it as KILLED
@@ -226,7 +235,8 @@ def test_mlflow_holds_params_metric_histories_artifacts_and_the_end_state(tmp_pa
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        _trainer(tmp_path / "run", epochs=3, loggers=["mlflow"], resume="auto").fit(Interrupts(8, 2), _data())
+        _trainer(tmp_path / "run", epochs=3, loggers=["mlflow"], resume="auto", lr_by_pattern={"bia*": 1e-4}).fit(
+            Interrupts(8, 2), _data())
     assert json.loads((result.run_dir / "mlflow.json").read_text())["run_id"] == run_id
     assert client.get_run(run_id).info.status == "KILLED"
     assert len(client.search_runs([run.info.experiment_id])) == 1

@@ -11,6 +11,7 @@ import difflib
 import importlib.util
 import json
 import os
+import re
 import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -151,11 +152,13 @@ def tracker_name(tracker: Any) -> str:
 
 
 def flat_params(params: dict[str, Any], prefix: str = "") -> dict[str, str | float | int | bool]:
-    """Nested hyperparameters as one level of ``a.b`` keys with scalar values (None and lists as text)."""
+    """Hyperparameters as ``section.option`` keys with scalar values: the sections (``trainer``) are opened,
+    deeper tables (``lr_by_pattern``, keyed by user patterns such as ``backbone.*``, which MLflow refuses in a
+    key) and lists stay whole, as JSON text; None is text too."""
     flat: dict[str, str | float | int | bool] = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
+        if isinstance(value, dict) and value and not prefix:
             flat.update(flat_params(value, f"{name}."))
         elif isinstance(value, (bool, int, float, str)):
             flat[name] = value
@@ -209,6 +212,11 @@ def _png_summary(tag: str, png: bytes) -> Any:
     width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk
     image = Summary.Image(height=height, width=width, colorspace=4, encoded_image_string=png)
     return Summary(value=[Summary.Value(tag=tag, image=image)])
+
+
+def _mlflow_key(name: str) -> str:
+    """A metric name MLflow accepts (letters, digits, ``_ - . : /`` and spaces): others become ``_``."""
+    return re.sub(r"[^\w\-. :/]", "_", name)[:250]
 
 
 _MLFLOW_STATUS = {"finished": "FINISHED", "stopped_early": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}
@@ -270,7 +278,7 @@ class MLflowLogger:
         from mlflow.entities import Metric
 
         stamp = int(time.time() * 1000)
-        entries = [Metric(key, value, stamp, step) for key, value in metrics.items()]
+        entries = [Metric(_mlflow_key(key), value, stamp, step) for key, value in metrics.items()]
         self.client.log_batch(self.run_id, metrics=entries)
 
     def log_artifact(self, path: Path) -> None:
