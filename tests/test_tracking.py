@@ -249,25 +249,31 @@ def _ddp_worker(rank: int, port: int, run_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         recorder = Recorder()
-        Trainer(epochs=1, batch_size=8, run_dir=run_dir, progress="off", device="cpu", loggers=[recorder],
-                dist_timeout=60).fit(lambda: nn.Linear(8, 2), _data(32))
+
+        class StopOnRank0:  # only rank 0 asks: every rank must stop after the same epoch
+            def on_epoch_end(self, state):
+                if rank == 0:
+                    state.request_stop("rank 0 has seen enough")
+
+        result = Trainer(epochs=3, batch_size=8, run_dir=run_dir, progress="off", device="cpu", loggers=[recorder],
+                         dist_timeout=60, callbacks=[StopOnRank0()]).fit(lambda: nn.Linear(8, 2), _data(32))
         Path(run_dir, f"logged-by-rank-{rank}.json").write_text(json.dumps(
-            {"metrics": len(recorder.metrics), "status": recorder.status}))
+            {"metrics": len(recorder.metrics), "status": recorder.status, "epochs": len(result.history)}))
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_only_rank_0_logs_under_several_processes(tmp_path):
+def test_only_rank_0_logs_and_its_stop_request_stops_every_process(tmp_path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     run_dir = str(tmp_path / "run")
     mp.spawn(_ddp_worker, args=(port, run_dir), nprocs=2, join=True)
     logged = [json.loads(Path(run_dir, f"logged-by-rank-{rank}.json").read_text()) for rank in (0, 1)]
-    assert logged[0]["metrics"] > 0 and logged[0]["status"] == "finished"
-    assert logged[1] == {"metrics": 0, "status": None}
+    assert logged[0]["metrics"] > 0 and logged[0]["status"] == "stopped_early" and logged[0]["epochs"] == 1
+    assert logged[1] == {"metrics": 0, "status": None, "epochs": 1}
 
 
 @needs_mlflow
@@ -280,3 +286,14 @@ def test_a_tracking_store_that_cannot_start_is_one_sentence(tmp_path, monkeypatc
         _trainer(tmp_path / "run", loggers=["mlflow"]).fit(lambda: nn.Linear(8, 2), _data())
     assert str(info.value).startswith("the mlflow logger could not start (check MLFLOW_TRACKING_URI): ")
     assert read_log(tmp_path / "run")[-1]["status"] == "failed"
+
+
+def test_from_config_keeps_the_logger_names_and_adds_logger_objects(tmp_path):
+    from trainwise import TrainerConfig
+
+    recorder = Recorder()
+    trainer = Trainer.from_config(TrainerConfig(loggers=["jsonl"], epochs=1, run_dir=str(tmp_path / "run"),
+                                                progress="off"), loggers=[recorder])
+    assert trainer.config.loggers == ["jsonl"] and trainer.logger_objects == [recorder]
+    trainer.fit(lambda: nn.Linear(8, 2), _data())
+    assert recorder.status == "finished"
