@@ -6,9 +6,7 @@ Everything it does, a hand-written loop can do with the same public calls; see d
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -22,15 +20,12 @@ from trainwise.batches import MicroBatch, forward_micro_batch, wants_accuracy
 from trainwise.batches import split_batch as default_split_batch
 from trainwise.callbacks import CallbackList, TrainingState
 from trainwise.checkpoint.compat import FACTS_KEY, check_resume, describe, resume_changes, run_facts
-from trainwise.checkpoint.loader import ResumableLoader
 from trainwise.checkpoint.manager import CheckpointManager
 from trainwise.checkpoint.training import (
-    finish_checkpoint_writes,
     read_resume_checkpoint,
     restore_training_checkpoint,
     save_training_checkpoint,
 )
-from trainwise.checkpoint.weights import save_weights
 from trainwise.config import TrainerConfig
 from trainwise.data import StreamCheck, evaluation_loader, length, threads_beside_workers, training_loader, window_steps
 from trainwise.device import resolve_device, resolve_precision
@@ -50,6 +45,7 @@ from trainwise.distributed import (
 from trainwise.early_stopping import EarlyStopping, best_epoch, metric_mode
 from trainwise.errors import NonFiniteLossError, TrainwiseError
 from trainwise.evaluation import evaluate
+from trainwise.fit_run import Run, build_model, callback_metrics, close_run, end_trackers
 from trainwise.freezing import pin_frozen_norm_layers, unfreeze_into
 from trainwise.guards.core import Guard, GuardFinding
 from trainwise.guards.loss import NonFiniteLossGuard, check_finite_everywhere
@@ -59,7 +55,7 @@ from trainwise.metrics import Mean, MetricSet
 from trainwise.oom import AdaptiveMicroBatches, check_auto_loader
 from trainwise.optimizers import OptimizerArg, build_optimizer, build_scheduler
 from trainwise.plots import PLOT_HINT, plot_learning_curves, write_learning_curves_svg
-from trainwise.progress import BarProgress, PlainProgress, make_progress, plural
+from trainwise.progress import BarProgress, make_progress, plural
 from trainwise.results import FitResult
 from trainwise.runlog import RunLock, open_run
 from trainwise.seeding import determinism_restored, seed_everything
@@ -181,7 +177,7 @@ class Trainer:
             close_distributed(self._dist)  # only a process group this fit created
             self._dist = DistributedInfo()
 
-    def _start(self, model: Any, train_data: Any, val_data: Any) -> _Run:
+    def _start(self, model: Any, train_data: Any, val_data: Any) -> Run:
         """Model, optimizer, data, accumulator; then the run folder and the resume."""
         cfg = self.config
         started = time.perf_counter()
@@ -219,7 +215,7 @@ class Trainer:
         if self._dist.enabled and not sharded:
             forward_model = wrap_ddp(model, device)
             forward_model = torch.compile(forward_model) if cfg.compile else forward_model
-        run = _Run(
+        run = Run(
             model=model, forward_model=forward_model, eval_model=eval_model,
             optimizer=optimizer, scheduler=scheduler, plateau=plateau, accumulator=accumulator,
             train_loader=train_loader, val_loader=val_loader, precision=precision, device=device,
@@ -246,7 +242,7 @@ class Trainer:
         self._open_trackers(run)
         return run
 
-    def _shrunk(self, run: _Run, old: int, new: int) -> None:
+    def _shrunk(self, run: Run, old: int, new: int) -> None:
         """batch_size='auto' ran out of memory: say so once per halving; checkpoints keep the new size."""
         step, windows = run.accumulator.optimizer_steps + 1, run.micro.parts(self.config.effective_batch)
         message = (f"OOM at micro-batch {old} in step {step}: continuing with {new} x {windows}, effective batch "
@@ -256,7 +252,7 @@ class Trainer:
         run.log.write({"kind": "oom", "step": step, "micro_batch_before": old, "micro_batch": new,
                        "micro_batches": windows, "message": message})
 
-    def _open_trackers(self, run: _Run) -> None:
+    def _open_trackers(self, run: Run) -> None:
         """The loggers beside metrics.jsonl (rank 0 only), and the callbacks with their view of the run."""
         try:
             run.callbacks = CallbackList(self.callbacks, TrainingState(run, self.config.epochs))
@@ -267,10 +263,10 @@ class Trainer:
                 run.log.each("log_hyperparams", {**run.params, "accumulation_steps": run.accumulator.steps,
                                                  "world_size": self._dist.world_size})
         except BaseException:
-            _close(run, failing=True)
+            close_run(run, failing=True)
             raise
 
-    def _install_guards(self, run: _Run) -> None:
+    def _install_guards(self, run: Run) -> None:
         """The doctor's codes at run time (``guards``): each finding printed and logged once."""
         cfg = self.config
         if cfg.guards == "off":
@@ -286,7 +282,7 @@ class Trainer:
             run.guard_hooks = Guard(run.model, run.optimizer, action="raise" if cfg.guards == "raise" else "record",
                                     check_every=cfg.log_every, on_finding=found, checks=codes)
         except BaseException:
-            _close(run)
+            close_run(run)
             raise
         run.guard_hooks.step = run.accumulator.optimizer_steps
 
@@ -299,7 +295,7 @@ class Trainer:
             notes.append({"message": "the model was built before fit(), so its initial weights come from the "
                           "caller's RNG; pass a function that builds it for weights set by seed."})
         else:
-            model = _build_model(model)
+            model = build_model(model)
         device = resolve_device(cfg.device).device
         if cfg.distributed != "off":  # under torchrun: join the process group (a no-op for one process)
             self._dist = init_distributed(local_device(device), timeout=cfg.dist_timeout)
@@ -320,7 +316,7 @@ class Trainer:
             shard_model(model)  # FSDP2, in place, before the optimizer sees the parameters
         return model, device, resolve_precision(cfg.precision, device), notes
 
-    def _open_run_folder(self, run: _Run) -> None:
+    def _open_run_folder(self, run: Run) -> None:
         """Name, lock and log the run folder (rank 0 writes), and make the progress, stopper and checkpoints."""
         cfg, main = self.config, self._dist.is_main
         run.params = {"trainer": cfg.to_dict(), "device": str(run.device), "precision": run.precision.name,
@@ -342,7 +338,7 @@ class Trainer:
             if item is not None:
                 run.resumable[name] = item
 
-    def _resume(self, run: _Run) -> None:
+    def _resume(self, run: Run) -> None:
         """Continue from the checkpoint ``resume`` names, if any: every object restored in place."""
         def skipped(reason: str, chosen: Path) -> None:
             run.progress.message(f"{reason} Resuming from the previous good checkpoint, {chosen}.")
@@ -379,7 +375,7 @@ class Trainer:
         if run.guard.model is not None:
             run.guard.keep(run.accumulator.optimizer_steps)  # a NaN before the first check returns the model here
 
-    def _replay_unfreezing(self, run: _Run, epoch: int, *, mid_epoch: bool) -> None:
+    def _replay_unfreezing(self, run: Run, epoch: int, *, mid_epoch: bool) -> None:
         """The optimizer must have the groups it had when saved: redo the unfreezing done by then."""
         cfg = self.config
         for at in sorted(cfg.unfreeze_at or {}):
@@ -387,7 +383,7 @@ class Trainer:
                 unfreeze_into(run.model, run.optimizer, *cfg.unfreeze_at[at],  # type: ignore[index]
                               lr_by_pattern=cfg.lr_by_pattern, scheduler=run.scheduler)
 
-    def _run(self, run: _Run) -> FitResult:
+    def _run(self, run: Run) -> FitResult:
         """The epochs; an interrupt or a NaN ends them with what was logged so far."""
         if run.loop.get("stopped_early"):
             run.outcome.stopped_early = True
@@ -421,18 +417,18 @@ class Trainer:
             exc.result = self._finish(run, restore_best=False)  # type: ignore[attr-defined]
             raise
         except BaseException:
-            _close(run, failing=True)
+            close_run(run, failing=True)
             raise
         return self._finish(run)
 
-    def _fire(self, run: _Run, event: str) -> None:
+    def _fire(self, run: Run, event: str) -> None:
         """Call the callbacks of ``event``; the metrics they log are written at the current step."""
         logged = run.callbacks.fire(event)
         if logged:
             run.log.write({"kind": "metric", "epoch": run.loop["epoch"], "step": run.accumulator.optimizer_steps,
                            **logged})
 
-    def _epoch(self, run: _Run, epoch: int) -> bool:
+    def _epoch(self, run: Run, epoch: int) -> bool:
         """Train one epoch, validate, log, diagnose, checkpoint; True when early stopping ends the run."""
         cfg = self.config
         run.loop["epoch"] = run.epoch = epoch
@@ -447,7 +443,7 @@ class Trainer:
             values = self.validate(run.eval_model, run.val_loader, precision=run.precision, device=run.device)
             record.update({f"val_{k}": v for k, v in values.items()})
             run.latest = dict(record)
-            record.update(_callback_metrics(run.callbacks.fire("on_validation_end"), record))  # monitor sees them
+            record.update(callback_metrics(run.callbacks.fire("on_validation_end"), record))  # monitor sees them
         if run.plateau:
             run.scheduler.step(record.get("val_loss", record["train_loss"]))
         record.update(lr=run.optimizer.param_groups[0]["lr"], step=run.accumulator.optimizer_steps,
@@ -482,7 +478,7 @@ class Trainer:
             run.log.write({"kind": "stopped_early", "epoch": epoch, "message": run.outcome.message})
         return stop
 
-    def _unfreeze_scheduled(self, run: _Run, epoch: int) -> None:
+    def _unfreeze_scheduled(self, run: Run, epoch: int) -> None:
         patterns = (self.config.unfreeze_at or {}).get(epoch)
         if not patterns:
             return
@@ -491,7 +487,7 @@ class Trainer:
         run.progress.message(f"epoch {epoch}: unfroze {', '.join(patterns)} ({len(added)} parameter tensors added)")
         run.log.write({"kind": "unfreeze", "epoch": epoch, "patterns": list(patterns), "parameters": added})
 
-    def _train_epoch(self, run: _Run, epoch: int) -> dict[str, float]:
+    def _train_epoch(self, run: Run, epoch: int) -> dict[str, float]:
         loader = run.train_loader
         run.model.train()
         start = loader.resume_offset  # batches of this epoch trained before a resume
@@ -535,7 +531,7 @@ class Trainer:
             check_finite_everywhere(run.guard, run.accumulator.optimizer_steps)
         return global_metric_values(run.metrics)  # sums over every process (one all-reduce)
 
-    def _train_micro_batch(self, run: _Run, batch: Any, last: bool, *, step: bool = True) -> None:
+    def _train_micro_batch(self, run: Run, batch: Any, last: bool, *, step: bool = True) -> None:
         """Forward and backward one micro-batch (the gradient sync only on a window's last), count it, and
         step the optimizer at the end of its window."""
         accumulator = run.accumulator
@@ -555,14 +551,14 @@ class Trainer:
         if last and step:
             self._step(run)
 
-    def _step(self, run: _Run) -> None:
+    def _step(self, run: Run) -> None:
         stepped = run.accumulator.step()
         if run.window_loss is not None:  # nonfinite="skip": a skipped step's losses are not averaged in
             if stepped:
                 run.metrics.mean("loss").update_sum(*run.window_loss.fold())
             run.window_loss.reset()
 
-    def _train_window(self, run: _Run, batch: Any) -> bool:
+    def _train_window(self, run: Run, batch: Any) -> bool:
         """batch_size='auto': one batch of effective_batch samples in micro-batches of the size that fits; out
         of memory, the window is redone from its start at half the size (its updates undone first)."""
         metrics, seen = run.metrics.snapshot(), run.stream.seen
@@ -581,7 +577,7 @@ class Trainer:
         self._step(run)
         return True
 
-    def _after_window(self, run: _Run, epoch: int) -> None:
+    def _after_window(self, run: Run, epoch: int) -> None:
         """After each window: log every ``log_every`` windows, checkpoint every ``checkpoint_every``."""
         cfg, windows = self.config, run.accumulator.windows
         if windows - run.epoch_windows == run.early_show:  # steps 1, 2, 4... of an epoch, on the bar only
@@ -599,7 +595,7 @@ class Trainer:
         if cfg.checkpoint_every and windows % cfg.checkpoint_every == 0:
             self._checkpoint(run)
 
-    def _checkpoint(self, run: _Run, *, metric: float | None = None) -> None:
+    def _checkpoint(self, run: Run, *, metric: float | None = None) -> None:
         """Save the full state at an optimizer-step boundary, never after a non-finite loss."""
         if not self.config.checkpoints:
             return
@@ -611,7 +607,7 @@ class Trainer:
                                      background=True)  # fsync and pruning overlap the next epoch
         run.checkpoint_step = run.accumulator.optimizer_steps
 
-    def _finish(self, run: _Run, *, restore_best: bool = True) -> FitResult:
+    def _finish(self, run: Run, *, restore_best: bool = True) -> FitResult:
         """Restore the best weights (early stopping), find the best epoch, draw the curves, build the result."""
         cfg, history, outcome, stopper = self.config, run.loop["history"], run.outcome, run.stopper
         best, value = best_epoch(history, cfg.monitor, cfg.mode)
@@ -632,8 +628,8 @@ class Trainer:
                     run.progress.message(PLOT_HINT)
         status = {"interrupted": "interrupted", "nonfinite": "failed"}.get(
             outcome.stopped, "stopped_early" if outcome.stopped_early else "finished")
-        _end_trackers(run, status, artifacts=[plot] if plot else [])
-        _close(run, check=outcome.stopped == "completed")  # the guards' last check, then every hook removed
+        end_trackers(run, status, artifacts=[plot] if plot else [])
+        close_run(run, check=outcome.stopped == "completed")  # the guards' last check, then every hook removed
         return FitResult(
             history=history, run_dir=run.run_dir, steps=run.accumulator.optimizer_steps,
             seconds=time.perf_counter() - run.started, stopped=outcome.stopped, device=str(run.device),
@@ -670,125 +666,3 @@ class Trainer:
         precision = precision or resolve_precision(cfg.precision, device)
         return evaluate(model, loader, lambda m, batch: self._forward(m, batch, precision, device), device=device,
                         accuracy=cfg.accuracy, ignore_index=cfg.ignore_index)
-
-
-@dataclasses.dataclass
-class _Outcome:
-    stopped: Literal["completed", "interrupted", "nonfinite"] = "completed"
-    message: str = ""
-    stopped_early: bool = False
-    overfitting: OverfittingReport | None = None
-
-
-@dataclasses.dataclass(eq=False)
-class _Run:
-    """What one ``fit`` carries between epochs and steps; ``loop`` holds the plain values a checkpoint saves."""
-
-    model: torch.nn.Module
-    forward_model: torch.nn.Module  # DDP-wrapped and/or compiled for training
-    eval_model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    plateau: bool
-    accumulator: GradientAccumulator
-    train_loader: ResumableLoader
-    val_loader: Iterable[Any] | None
-    precision: Any
-    device: torch.device
-    metrics: MetricSet
-    guard: NonFiniteLossGuard
-    stream: StreamCheck
-    started: float
-    fsdp: bool = False
-    agree_on_last: bool = False
-    window_loss: Mean | None = None  # nonfinite="skip": the current window's loss, added once its step is taken
-    run_dir: Path = Path(".")
-    log: Any = None  # RunLog, or NullRunLog off rank 0
-    progress: PlainProgress | None = None  # type: ignore[assignment]
-    stopper: EarlyStopping | None = None
-    manager: CheckpointManager | None = None
-    resumable: dict[str, Any] = dataclasses.field(default_factory=dict)
-    loop: dict[str, Any] = dataclasses.field(
-        default_factory=lambda: {"epoch": 1, "history": [], "accuracy": None, "overfitting": None}
-    )
-    outcome: _Outcome = dataclasses.field(default_factory=_Outcome)
-    facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what a checkpoint records of the run
-    guard_hooks: Guard | None = None  # the runtime guards (guards="warn" or "raise")
-    params: dict[str, Any] = dataclasses.field(default_factory=dict)  # config.json; the trackers' hyperparameters
-    resumed_step: int | None = None  # the step a resume continued from
-    callbacks: CallbackList | None = None
-    latest: dict[str, float] = dataclasses.field(default_factory=dict)  # the newest values read from the device
-    interrupt: StepBoundaryInterrupt = dataclasses.field(default_factory=lambda: StepBoundaryInterrupt(enabled=False))
-    interrupt_saved: bool = False  # a held Ctrl-C saved a checkpoint at its step
-    early_show: int = 0  # the next window of the epoch whose running values the bar shows (0: none)
-    epoch_windows: int = 0  # windows before this epoch
-    ended: bool = False  # callbacks and trackers were told the end state
-    micro: AdaptiveMicroBatches | None = None  # batch_size="auto": the micro-batch size that fits
-    epoch: int = 0  # the epoch training is in (or last was in)
-    checkpoint_step: int = -1  # the step of the last checkpoint written
-
-
-def _build_model(factory: Callable[[], Any]) -> torch.nn.Module:
-    """Call a model factory (after seeding); anything but a module is one sentence."""
-    model = factory()
-    if not isinstance(model, torch.nn.Module):
-        name = getattr(factory, "__name__", type(factory).__name__)
-        raise TrainwiseError(f"the model factory {name} returned a {type(model).__name__}, not a torch.nn.Module.")
-    return model
-
-
-def _end_trackers(run: _Run, status: str, *, artifacts: list[Path], error: BaseException | None = None) -> None:
-    """Tell the log, the callbacks (``on_fit_end``) and the trackers how the run ended; trackers also get the
-    learning curves and the final weights."""
-    if run.ended:
-        return
-    run.ended = True
-    if run.log is not None:
-        record = {"kind": "end", "status": status, "step": run.accumulator.optimizer_steps}
-        if error is not None:
-            record["error"] = f"{type(error).__name__}: {error}"[:500]
-        with contextlib.suppress(TrainwiseError):  # a full disk: the run's error says so already
-            run.log.write(record)
-    if run.callbacks is not None:
-        run.callbacks.state.status = status
-        run.callbacks.fire("on_fit_end")
-    if isinstance(run.log, TrackedLog) and run.log.trackers:
-        if status != "failed" and not run.fsdp:  # FSDP's weights are sharded over processes
-            artifacts = [*artifacts, save_weights(run.model, run.run_dir / "final-weights.pt")]
-        run.log.finish(status, artifacts)
-
-
-def _callback_metrics(logged: dict[str, float], record: dict[str, float]) -> dict[str, float]:
-    """Metrics logged at ``on_validation_end`` join the epoch's record; a name the record has is refused."""
-    for name in logged:
-        if name in record:
-            raise TrainwiseError(f"a callback logged {name}, which the Trainer already logs this epoch; give your "
-                                 "metric another name.")
-    return logged
-
-
-def _close(run: _Run, *, check: bool = False, failing: bool = False) -> None:
-    """Finish the last checkpoint write, remove the guards, close the progress display and the log; while
-    another error propagates (``failing``), a failed checkpoint write is reported, not raised over it."""
-    if failing and not run.ended:
-        try:
-            _end_trackers(run, "failed", artifacts=[], error=sys.exc_info()[1])
-        except Exception as exc:  # the error already propagating is the one to see
-            if run.progress is not None:
-                run.progress.message(f"on_fit_end failed too: {type(exc).__name__}: {exc}")
-    try:
-        try:
-            finish_checkpoint_writes(run.manager)  # the last checkpoint is on disk when fit returns or raises
-        except TrainwiseError as exc:
-            if not failing:
-                raise
-            if run.progress is not None:
-                run.progress.message(str(exc))
-        finally:
-            if run.guard_hooks is not None:
-                run.guard_hooks.close(check=check)
-    finally:
-        if run.progress is not None:
-            run.progress.close()
-        if run.log is not None:
-            run.log.close()

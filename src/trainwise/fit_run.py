@@ -1,0 +1,153 @@
+"""What one ``Trainer.fit`` carries between its steps and epochs (:class:`Run`), and how a run ends: the
+callbacks and trackers told, the last checkpoint written, hooks removed, the log closed."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from trainwise.accumulation import GradientAccumulator
+from trainwise.callbacks import CallbackList
+from trainwise.checkpoint.loader import ResumableLoader
+from trainwise.checkpoint.manager import CheckpointManager
+from trainwise.checkpoint.training import finish_checkpoint_writes
+from trainwise.checkpoint.weights import save_weights
+from trainwise.data import StreamCheck
+from trainwise.diagnosis import OverfittingReport
+from trainwise.early_stopping import EarlyStopping
+from trainwise.errors import TrainwiseError
+from trainwise.guards.core import Guard
+from trainwise.guards.loss import NonFiniteLossGuard
+from trainwise.interrupts import StepBoundaryInterrupt
+from trainwise.metrics import Mean, MetricSet
+from trainwise.oom import AdaptiveMicroBatches
+from trainwise.progress import PlainProgress
+from trainwise.tracking import TrackedLog
+
+
+@dataclasses.dataclass
+class Outcome:
+    stopped: Literal["completed", "interrupted", "nonfinite"] = "completed"
+    message: str = ""
+    stopped_early: bool = False
+    overfitting: OverfittingReport | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class Run:
+    """What one ``fit`` carries between epochs and steps; ``loop`` holds the plain values a checkpoint saves."""
+
+    model: torch.nn.Module
+    forward_model: torch.nn.Module  # DDP-wrapped and/or compiled for training
+    eval_model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    plateau: bool
+    accumulator: GradientAccumulator
+    train_loader: ResumableLoader
+    val_loader: Iterable[Any] | None
+    precision: Any
+    device: torch.device
+    metrics: MetricSet
+    guard: NonFiniteLossGuard
+    stream: StreamCheck
+    started: float
+    fsdp: bool = False
+    agree_on_last: bool = False
+    window_loss: Mean | None = None  # nonfinite="skip": the current window's loss, added once its step is taken
+    run_dir: Path = Path(".")
+    log: Any = None  # RunLog, or NullRunLog off rank 0
+    progress: PlainProgress | None = None  # type: ignore[assignment]
+    stopper: EarlyStopping | None = None
+    manager: CheckpointManager | None = None
+    resumable: dict[str, Any] = dataclasses.field(default_factory=dict)
+    loop: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: {"epoch": 1, "history": [], "accuracy": None, "overfitting": None}
+    )
+    outcome: Outcome = dataclasses.field(default_factory=Outcome)
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what a checkpoint records of the run
+    guard_hooks: Guard | None = None  # the runtime guards (guards="warn" or "raise")
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)  # config.json; the trackers' hyperparameters
+    resumed_step: int | None = None  # the step a resume continued from
+    callbacks: CallbackList | None = None
+    latest: dict[str, float] = dataclasses.field(default_factory=dict)  # the newest values read from the device
+    interrupt: StepBoundaryInterrupt = dataclasses.field(default_factory=lambda: StepBoundaryInterrupt(enabled=False))
+    interrupt_saved: bool = False  # a held Ctrl-C saved a checkpoint at its step
+    early_show: int = 0  # the next window of the epoch whose running values the bar shows (0: none)
+    epoch_windows: int = 0  # windows before this epoch
+    ended: bool = False  # callbacks and trackers were told the end state
+    micro: AdaptiveMicroBatches | None = None  # batch_size="auto": the micro-batch size that fits
+    epoch: int = 0  # the epoch training is in (or last was in)
+    checkpoint_step: int = -1  # the step of the last checkpoint written
+
+
+def build_model(factory: Callable[[], Any]) -> torch.nn.Module:
+    """Call a model factory (after seeding); anything but a module is one sentence."""
+    model = factory()
+    if not isinstance(model, torch.nn.Module):
+        name = getattr(factory, "__name__", type(factory).__name__)
+        raise TrainwiseError(f"the model factory {name} returned a {type(model).__name__}, not a torch.nn.Module.")
+    return model
+
+
+def end_trackers(run: Run, status: str, *, artifacts: list[Path], error: BaseException | None = None) -> None:
+    """Tell the log, the callbacks (``on_fit_end``) and the trackers how the run ended; trackers also get the
+    learning curves and the final weights."""
+    if run.ended:
+        return
+    run.ended = True
+    if run.log is not None:
+        record = {"kind": "end", "status": status, "step": run.accumulator.optimizer_steps}
+        if error is not None:
+            record["error"] = f"{type(error).__name__}: {error}"[:500]
+        with contextlib.suppress(TrainwiseError):  # a full disk: the run's error says so already
+            run.log.write(record)
+    if run.callbacks is not None:
+        run.callbacks.state.status = status
+        run.callbacks.fire("on_fit_end")
+    if isinstance(run.log, TrackedLog) and run.log.trackers:
+        if status != "failed" and not run.fsdp:  # FSDP's weights are sharded over processes
+            artifacts = [*artifacts, save_weights(run.model, run.run_dir / "final-weights.pt")]
+        run.log.finish(status, artifacts)
+
+
+def callback_metrics(logged: dict[str, float], record: dict[str, float]) -> dict[str, float]:
+    """Metrics logged at ``on_validation_end`` join the epoch's record; a name the record has is refused."""
+    for name in logged:
+        if name in record:
+            raise TrainwiseError(f"a callback logged {name}, which the Trainer already logs this epoch; give your "
+                                 "metric another name.")
+    return logged
+
+
+def close_run(run: Run, *, check: bool = False, failing: bool = False) -> None:
+    """Finish the last checkpoint write, remove the guards, close the progress display and the log; while
+    another error propagates (``failing``), a failed checkpoint write is reported, not raised over it."""
+    if failing and not run.ended:
+        try:
+            end_trackers(run, "failed", artifacts=[], error=sys.exc_info()[1])
+        except Exception as exc:  # the error already propagating is the one to see
+            if run.progress is not None:
+                run.progress.message(f"on_fit_end failed too: {type(exc).__name__}: {exc}")
+    try:
+        try:
+            finish_checkpoint_writes(run.manager)  # the last checkpoint is on disk when fit returns or raises
+        except TrainwiseError as exc:
+            if not failing:
+                raise
+            if run.progress is not None:
+                run.progress.message(str(exc))
+        finally:
+            if run.guard_hooks is not None:
+                run.guard_hooks.close(check=check)
+    finally:
+        if run.progress is not None:
+            run.progress.close()
+        if run.log is not None:
+            run.log.close()
