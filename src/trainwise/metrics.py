@@ -60,6 +60,14 @@ class Metric:
         total, count = self.fold().tolist()
         return total / count if count else math.nan
 
+    def snapshot(self) -> tuple[torch.Tensor, float]:
+        """A device copy of the sums, for :meth:`restore` (no host sync)."""
+        return self.state.clone(), self._host_count
+
+    def restore(self, snapshot: tuple[torch.Tensor, float]) -> None:
+        self.state.copy_(snapshot[0])
+        self._host_count = snapshot[1]
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"state": self.fold().detach().cpu().clone()}
 
@@ -215,16 +223,15 @@ class MetricSet:
         rows = torch.stack([m.fold() for m in self._metrics.values()]).tolist()
         return {name: count for name, (_, count) in zip(self._metrics, rows)}
 
-    def snapshot(self) -> dict[str, tuple[Metric, torch.Tensor, float]]:
+    def snapshot(self) -> dict[str, tuple[Metric, tuple[torch.Tensor, float]]]:
         """The metrics with a device copy of their sums, for :meth:`restore` (no host sync)."""
-        return {name: (m, m.state.clone(), m._host_count) for name, m in self._metrics.items()}
+        return {name: (m, m.snapshot()) for name, m in self._metrics.items()}
 
-    def restore(self, snapshot: dict[str, tuple[Metric, torch.Tensor, float]]) -> None:
+    def restore(self, snapshot: dict[str, tuple[Metric, tuple[torch.Tensor, float]]]) -> None:
         """Undo every update since :meth:`snapshot` (a window redone after running out of memory)."""
-        self._metrics = {name: metric for name, (metric, _, _) in snapshot.items()}
-        for metric, state, host_count in snapshot.values():
-            metric.state.copy_(state)
-            metric._host_count = host_count
+        self._metrics = {name: metric for name, (metric, _) in snapshot.items()}
+        for metric, saved in snapshot.values():
+            metric.restore(saved)
 
     def state_dict(self) -> dict[str, dict[str, Any]]:
         """Every metric's kind and numerator/denominator, for checkpoints (loads with ``weights_only``)."""

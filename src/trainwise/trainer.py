@@ -562,15 +562,14 @@ class Trainer:
         """batch_size='auto': one batch of effective_batch samples in micro-batches of the size that fits; out
         of memory, the window is redone from its start at half the size (its updates undone first)."""
         metrics, seen = run.metrics.snapshot(), run.stream.seen
-        pending = None if run.window_loss is None else (run.window_loss.state.clone(), run.window_loss._host_count)
+        pending = None if run.window_loss is None else run.window_loss.snapshot()
 
         def discard() -> None:
             run.accumulator.discard_window()
             run.metrics.restore(metrics)
             run.stream.seen = seen
             if pending is not None:
-                run.window_loss.state.copy_(pending[0])
-                run.window_loss._host_count = pending[1]
+                run.window_loss.restore(pending)
 
         run.micro.step = run.accumulator.optimizer_steps
         run.micro.run(batch, lambda part, last: self._train_micro_batch(run, part, last, step=False), discard=discard)

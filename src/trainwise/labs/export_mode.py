@@ -49,7 +49,7 @@ def measure() -> LabResult:
             warnings.simplefilter("ignore")  # torch.jit's deprecation and tracer warnings
             traced = torch.jit.trace(copy.deepcopy(model).train(), example, check_trace=False)
             torch.jit.save(traced, str(Path(folder) / "train-mode.torchscript"))
-            wrong = compare(torch.jit.load(str(Path(folder) / "train-mode.torchscript")))
+        wrong = compare(trainwise.load_exported(Path(folder) / "train-mode.torchscript"))  # the checked loader
         # The right way: trainwise.export puts the model in eval mode and checks the artifact against eager.
         model.train()  # as it would be in the middle of training; export switches to eval mode and restores this
         report = trainwise.export(model, example, Path(folder) / "eval-mode.torchscript", format="torchscript")
