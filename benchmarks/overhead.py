@@ -7,7 +7,8 @@ Every side trains the same MLP (same seed, so the same initial weights) on the s
   ``DataLoader`` with a seeded ``RandomSampler``, and per step ``zero_grad(set_to_none=True)``, forward,
   ``F.cross_entropy``, ``backward``, ``step``, ``loss.item()``.
 - ``same-work``: the loop that does what the Trainer does: no weight decay on biases (the Trainer's default
-  parameter groups), a sample-weighted running loss and accuracy kept as tensors and read once per epoch.
+  parameter groups) with torch's fused AdamW kernel (``fused=True``, the Trainer's default where torch has one),
+  a sample-weighted running loss and accuracy kept as tensors and read once per epoch.
 - ``guard``: the minimal loop inside ``trainwise.guard(model, optimizer, check_every=log_every)``.
 - ``trainer``: ``trainwise.Trainer`` as a user gets it: progress ``auto`` (plain lines, the child's output is
   a pipe), a checkpoint at every epoch end, the learning-curve plot (when matplotlib is installed), the
@@ -89,6 +90,7 @@ TARGETS = (
     ("trainer-off", BASELINE, {"small": 1.02, "large": 1.01}),
     ("guard", BASELINE, {"small": 1.02, "large": 1.02}),
 )
+FUSED = True  # same-work uses fused AdamW as the Trainer does (trainwise.build_optimizer)
 CLOCKS = ("cpu", "wall")  # cpu: process CPU time, less sensitive to a busy machine
 
 
@@ -245,7 +247,8 @@ def run_same_work(model: Any, dataset: Any, options: RunOptions, watch: Stopwatc
     decay = [p for name, p in model.named_parameters() if not name.endswith("bias")]
     no_decay = [p for name, p in model.named_parameters() if name.endswith("bias")]
     groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=LR, weight_decay=WEIGHT_DECAY)
+    fused = {"fused": True} if FUSED else {}  # the Trainer's default optimizer kernel, where torch has one
+    optimizer = torch.optim.AdamW(groups, lr=LR, weight_decay=WEIGHT_DECAY, **fused)
     loader = _loader(dataset, options)
     for _ in range(options.epochs):
         model.train()

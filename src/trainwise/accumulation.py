@@ -322,9 +322,9 @@ def _positive(value: torch.Tensor | int | float) -> torch.Tensor | int | float:
 
 def _ratio(numerator: torch.Tensor | int | float, denominator: torch.Tensor | int | float) -> torch.Tensor | float:
     """A Python float for host numbers; otherwise a float64 tensor (float32 on MPS) on the tensors' device."""
+    if not isinstance(numerator, torch.Tensor) and not isinstance(denominator, torch.Tensor):
+        return numerator / denominator  # the common case, twice a step: no list built
     tensors = [v for v in (numerator, denominator) if isinstance(v, torch.Tensor)]
-    if not tensors:
-        return numerator / denominator
     device = next((t.device for t in tensors if t.device.type != "cpu"), tensors[0].device)
     dtype = torch.float32 if device.type == "mps" else torch.float64
     return torch.as_tensor(numerator, dtype=dtype, device=device) / torch.as_tensor(

@@ -25,13 +25,14 @@ def build_optimizer(
     check_coverage: bool = True,
 ) -> torch.optim.Optimizer:
     """``optimizer`` itself, or a factory called with the trainable parameter groups (no weight decay on
-    biases and norms, ``lr_by_pattern``), default AdamW; a trainable parameter it misses is warned about
-    (``check_coverage``; the runtime guard's TW107 says the same when it runs)."""
+    biases and norms, ``lr_by_pattern``), default AdamW (torch's fused kernel where every parameter allows it);
+    a trainable parameter it misses is warned about (``check_coverage``; the runtime guard's TW107 says the same
+    when it runs)."""
     if not any(p.requires_grad for p in model.parameters()):
         raise TrainwiseError("the model has no trainable parameters; unfreeze some (requires_grad=True) before fit().")
     groups = param_groups(model, lr_by_pattern=lr_by_pattern)  # trainable only
     if optimizer is None:
-        optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+        optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, **_fused_if_supported(groups))
     elif not isinstance(optimizer, torch.optim.Optimizer):
         if not callable(optimizer):
             raise TrainwiseError(
@@ -48,6 +49,23 @@ def build_optimizer(
     if check_coverage:
         check_optimizer_covers(model, optimizer)
     return optimizer
+
+
+def _fused_if_supported(groups: list[dict[str, Any]]) -> dict[str, bool]:
+    """``fused=True`` when every parameter is a plain floating-point tensor on a device with torch's fused AdamW
+    kernel: one kernel per group instead of a dozen per tensor (about 5x less optimizer time on CPU). Sharded
+    (DTensor, FSDP's flat) parameters keep torch's default."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        devices = set(_get_fused_kernels_supported_devices())
+    except ImportError:  # a torch without the helper: its default
+        return {}
+    params = [p for group in groups for p in group["params"]]
+    if params and all(type(p) is torch.nn.Parameter and p.is_floating_point() and p.device.type in devices
+                      for p in params):
+        return {"fused": True}
+    return {}
 
 
 def build_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:

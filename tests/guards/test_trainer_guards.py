@@ -52,3 +52,23 @@ def test_a_clean_demo_run_gets_no_finding(tmp_path, finetune):
     summary = runner(epochs=1, run_dir=str(tmp_path / "demo"), device="cpu", progress="off")
     records = [r for path in (tmp_path / "demo").rglob("metrics.jsonl") for r in tw.read_log(path)]
     assert records and not [r for r in records if r["kind"] == "guard"], summary
+
+
+def test_the_trainer_runs_every_check_but_those_its_own_loop_rules_out(tmp_path, monkeypatch):
+    from trainwise import trainer as trainer_module
+    from trainwise.guards.registry import all_check_classes
+
+    installed = []
+    real_guard = trainer_module.Guard
+
+    def recording_guard(*args, **kwargs):
+        guard = real_guard(*args, **kwargs)
+        installed.append(sorted(check.code for check in guard.checks))
+        return guard
+
+    monkeypatch.setattr(trainer_module, "Guard", recording_guard)
+    _fit(tmp_path)
+    every = {cls.code for cls in all_check_classes()}
+    assert every > trainer_module.RULED_OUT_BY_THE_LOOP  # a renamed code cannot silently switch a check back on
+    # zero_grad every step, a GradScaler for float16, every batch moved to the model's device
+    assert installed == [sorted(every - {"TW105", "TW109", "TW112"})]

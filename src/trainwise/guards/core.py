@@ -93,20 +93,19 @@ class Check:
 
 
 class OncePerStep:
-    """When a forward-time scan is due: on the first call after each optimizer step (``rearm`` at
-    ``after_step``), or without an optimizer every ``check_every``-th call. ``ready()`` counts the call and
-    says whether the scan is due; ``fire()`` marks it done until the next step."""
+    """When a forward-time scan is due: on the first call after each optimizer step (the guard's step count
+    moved since the last scan), or without an optimizer every ``check_every``-th call. ``ready()`` counts the
+    call and says whether the scan is due; ``fire()`` marks it done until the next step. Nothing runs per
+    step for it: a check that uses it needs no ``after_step``."""
 
     def __init__(self, guard: Guard) -> None:
+        self.guard = guard
         self.every = guard.check_every if guard.optimizer is None else 0
         self.seen = 0
-        self.armed = True
-
-    def rearm(self) -> None:
-        self.armed = True
+        self.fired_at = -1  # the guard's step count at the last scan
 
     def ready(self) -> bool:
-        if self.armed:
+        if self.guard.step != self.fired_at:
             return True
         if not self.every:
             return False
@@ -114,7 +113,7 @@ class OncePerStep:
         return self.seen % self.every == 0
 
     def fire(self) -> None:
-        self.armed = False
+        self.fired_at = self.guard.step
 
 
 class Guard:

@@ -37,9 +37,6 @@ class EvaluationInTrainMode(Check):
     def on_check(self) -> None:
         self._refresh()
 
-    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self._due.rearm()
-
     def before_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if torch.is_grad_enabled():
             return

@@ -44,9 +44,6 @@ class FrozenNormInTrainMode(Check):
     def on_check(self) -> None:
         self._refresh()
 
-    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self._due.rearm()
-
     def before_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self._due.ready() or not module.training or not torch.is_grad_enabled():
             return
