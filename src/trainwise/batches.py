@@ -24,7 +24,9 @@ from typing import Any
 
 import torch
 
+from trainwise.device import move_to_device
 from trainwise.errors import TrainwiseError
+from trainwise.wrappers import unwrap_model
 
 TARGET_KEYS = ("labels", "label", "target", "targets", "y")  # the first present is the target
 _SPLIT_FIX = "or pass split_batch=lambda batch: (inputs, target) to the Trainer"
@@ -73,8 +75,6 @@ _SIGNATURES: dict[Any, _Signature] = {}
 
 
 def _signature(model: Any) -> _Signature:
-    from trainwise.wrappers import unwrap_model
-
     module = unwrap_model(model) if isinstance(model, torch.nn.Module) else model
     forward = getattr(module, "forward", module)
     key = getattr(forward, "__func__", forward)
@@ -178,8 +178,6 @@ def forward_micro_batch(
     A batch with no counted item (token counts where every target is ``ignore_index``) gets ``loss=None``:
     its mean would be 0/0. Call ``GradientAccumulator.backward_empty(outputs)`` for it instead of ``backward``.
     """
-    from trainwise.device import move_to_device
-
     inputs, targets = split(batch)
     items = count_items(targets, count=count, ignore_index=ignore_index)
     if isinstance(items, torch.Tensor):

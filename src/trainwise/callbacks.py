@@ -4,9 +4,10 @@ log a metric or ask the run to stop. docs/callbacks.md shows each event with an 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -132,11 +133,16 @@ class CallbackList:
                 if callable(method) and getattr(type(callback), event, None) is not getattr(Callback, event):
                     self.handlers[event].append(method)
         self.step_end = bool(self.handlers["on_step_end"])  # checked once per step by the Trainer
+        # what the handlers run inside: the Trainer's guards watch every forward a callback runs
+        self.context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
     def fire(self, event: str) -> dict[str, float]:
         """Call ``event`` on each callback that defines it; returns the metrics they logged."""
-        for handler in self.handlers[event]:
-            handler(self.state)
+        handlers = self.handlers[event]
+        if handlers:
+            with self.context():
+                for handler in handlers:
+                    handler(self.state)
         return self.state.take_logged()
 
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import torch
 
 from trainwise.accumulation import GradientAccumulator
+from trainwise.batches import MicroBatch
 from trainwise.callbacks import CallbackList
 from trainwise.checkpoint.loader import ResumableLoader
 from trainwise.checkpoint.manager import CheckpointManager
@@ -58,6 +59,7 @@ class Run:
     guard: NonFiniteLossGuard
     stream: StreamCheck
     started: float
+    forward: Callable[[Any, Any], MicroBatch]  # forward_micro_batch(model, batch) with the run's conventions
     fsdp: bool = False
     agree_on_last: bool = False
     window_loss: Mean | None = None  # nonfinite="skip": the current window's loss, added once its step is taken

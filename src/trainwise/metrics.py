@@ -170,9 +170,15 @@ class MetricSet:
         self._metrics: dict[str, Metric] = {}
 
     def mean(self, name: str) -> Mean:
+        metric = self._metrics.get(name)
+        if type(metric) is Mean:  # every step looks its metrics up: the common case first
+            return metric
         return self._get(name, Mean)  # type: ignore[return-value]
 
     def accuracy(self, name: str, *, ignore_index: int | None = -100) -> Accuracy:
+        metric = self._metrics.get(name)
+        if type(metric) is Accuracy and metric.ignore_index == ignore_index:
+            return metric
         metric = self._get(name, Accuracy)
         metric.ignore_index = ignore_index  # type: ignore[attr-defined]
         return metric  # type: ignore[return-value]

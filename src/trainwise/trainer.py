@@ -7,6 +7,7 @@ Everything it does, a hand-written loop can do with the same public calls; see d
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -64,6 +65,10 @@ from trainwise.tracking import TrackedLog, open_loggers, split_loggers
 # The guards' codes the Trainer's own loop cannot produce: gradients never zeroed, float16 without a scaler, a
 # batch on another device.
 RULED_OUT_BY_THE_LOOP = frozenset({"TW105", "TW109", "TW112"})
+# The forward-time checks watch one optimizer step in this many: the mistakes they catch (a graph kept in a
+# list, a frozen norm layer in train mode) repeat on every step, and hooking every forward costs about 4% of a
+# millisecond step. Callbacks' forwards are all watched.
+GUARD_FORWARD_EVERY = 8
 
 
 class Trainer:
@@ -224,6 +229,7 @@ class Trainer:
             optimizer=optimizer, scheduler=scheduler, plateau=plateau, accumulator=accumulator,
             train_loader=train_loader, val_loader=val_loader, precision=precision, device=device,
             metrics=MetricSet(device), started=started, fsdp=sharded,
+            forward=self._forward_function(precision, device),
             guard=NonFiniteLossGuard(device, model=model if cfg.nonfinite == "stop" else None),
             window_loss=Mean(device) if cfg.nonfinite == "skip" else None,
             stream=StreamCheck(train_loader),
@@ -260,6 +266,8 @@ class Trainer:
         """The loggers beside metrics.jsonl (rank 0 only), and the callbacks with their view of the run."""
         try:
             run.callbacks = CallbackList(self.callbacks, TrainingState(run, self.config.epochs))
+            if run.guard_hooks is not None:  # the guards check every forward a callback runs
+                run.callbacks.context = run.guard_hooks.watching_forwards
             if self._dist.is_main and (self.config.loggers != ["jsonl"] or self.logger_objects):
                 trackers = open_loggers(self.config.loggers, self.logger_objects, run.run_dir,
                                         resumed_step=run.resumed_step)
@@ -287,7 +295,8 @@ class Trainer:
         codes = [c.code for c in all_check_classes() if c.code not in skipped]
         try:
             run.guard_hooks = Guard(run.model, run.optimizer, action="raise" if cfg.guards == "raise" else "record",
-                                    check_every=cfg.log_every, on_finding=found, checks=codes)
+                                    check_every=cfg.log_every, on_finding=found, checks=codes,
+                                    forward_every=GUARD_FORWARD_EVERY)
         except BaseException:
             close_run(run)
             raise
@@ -543,7 +552,7 @@ class Trainer:
         step the optimizer at the end of its window."""
         accumulator = run.accumulator
         with accumulator.sync_context(run.forward_model, last=last):
-            micro = self._forward(run.forward_model, batch, run.precision, run.device)
+            micro = run.forward(run.forward_model, batch)
             run.stream.add(micro.targets)
             if micro.loss is None:  # no counted item (every token ignored): no gradient, no loss value
                 accumulator.backward_empty(micro.outputs)
@@ -643,10 +652,12 @@ class Trainer:
             stopped_early=outcome.stopped_early, overfitting=outcome.overfitting, plot=plot, model=run.model,
         )
 
-    def _forward(self, model: torch.nn.Module, batch: Any, precision: Any, device: torch.device) -> MicroBatch:
+    def _forward_function(self, precision: Any, device: torch.device) -> Callable[[Any, Any], MicroBatch]:
+        """``forward_micro_batch(model, batch)`` with this Trainer's batch conventions, precision and device
+        bound once (a partial: no Python frame of its own on every step)."""
         cfg = self.config
-        return forward_micro_batch(
-            model, batch, device=device, split=self.split_batch, loss_fn=self.loss_fn, count=cfg.count,
+        return functools.partial(
+            forward_micro_batch, device=device, split=self.split_batch, loss_fn=self.loss_fn, count=cfg.count,
             ignore_index=cfg.ignore_index, reduction=cfg.loss_reduction, autocast=precision.autocast,
         )
 
@@ -670,5 +681,5 @@ class Trainer:
         cfg = self.config
         device = torch.device(device) if device is not None else resolve_device(cfg.device).device
         precision = precision or resolve_precision(cfg.precision, device)
-        return evaluate(model, loader, lambda m, batch: self._forward(m, batch, precision, device), device=device,
+        return evaluate(model, loader, self._forward_function(precision, device), device=device,
                         accuracy=cfg.accuracy, ignore_index=cfg.ignore_index)

@@ -8,9 +8,10 @@ the device is gathered there and read in ``on_check``, every ``check_every`` opt
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -126,6 +127,11 @@ class Guard:
     ``action="warn"`` issues a :class:`GuardWarning` per finding, ``"raise"`` raises a :class:`GuardError`,
     ``"record"`` only lists it in ``findings``; ``on_finding`` (the Trainer's log) is called with each finding
     as well. ``checks`` restricts the codes.
+
+    ``forward_every=k`` (with an optimizer) hooks the model's forward only during one optimizer step in ``k``
+    (steps 0, k, 2k...; the hooks are removed in between), for mistakes that repeat on every step: the
+    forward-time checks then cost 1/k of their time. Inside ``with guard.watching_forwards():`` every forward
+    is checked. The optimizer-step checks (TW105, TW107, TW113) run on every step either way.
     """
 
     def __init__(
@@ -137,6 +143,7 @@ class Guard:
         check_every: int = 50,
         checks: list[str] | None = None,
         on_finding: Callable[[GuardFinding], None] | None = None,
+        forward_every: int = 1,
     ) -> None:
         from trainwise.guards.registry import check_classes
 
@@ -148,6 +155,8 @@ class Guard:
             raise TrainwiseError(f"action must be 'warn', 'raise' or 'record', got {action!r}.")
         if not isinstance(check_every, int) or check_every < 1:
             raise TrainwiseError(f"check_every must be a positive integer, got {check_every!r}.")
+        if not isinstance(forward_every, int) or isinstance(forward_every, bool) or forward_every < 1:
+            raise TrainwiseError(f"forward_every must be a positive integer, got {forward_every!r}.")
         self.model, self.optimizer, self.action = model, optimizer, action
         self.check_every = check_every
         self.on_finding = on_finding
@@ -155,6 +164,12 @@ class Guard:
         self.findings: list[GuardFinding] = []
         self._reported: set[tuple[str, str]] = set()
         self._handles: list[Any] = []
+        # forward hooks, installed and removed on the forward_every schedule
+        self.forward_every = forward_every if optimizer is not None else 1
+        self._forward_hooks: list[tuple[Callable[..., Any], bool]] = []  # (hook, is a pre-hook)
+        self._forward_handles: list[Any] = []
+        self._forward_on = False
+        self._watching = 0  # nested watching_forwards() blocks
         self.checks = [cls(self) for cls in check_classes(checks)]
         self._closed = False
         self.closing = False  # True during the last on_check (at close)
@@ -175,7 +190,7 @@ class Guard:
                 for call in before_forward:
                     call(module, args, kwargs)
 
-            self._handles.append(self.model.register_forward_pre_hook(pre, with_kwargs=True))
+            self._forward_hooks.append((pre, True))
         if after_forward:
             def post(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
                 replaced = None
@@ -184,7 +199,8 @@ class Guard:
                     replaced = result if result is not None else replaced
                 return replaced
 
-            self._handles.append(self.model.register_forward_hook(post, with_kwargs=True))
+            self._forward_hooks.append((post, False))
+        self._set_forward_hooks(True)  # step 0 is always watched
         if self.optimizer is not None:
             def step_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
                 for call in before_step:
@@ -194,11 +210,40 @@ class Guard:
                 self.step += 1
                 for call in after_step:
                     call(optimizer)
+                if self.forward_every > 1 and not self._watching:
+                    due = self.step % self.forward_every == 0
+                    if due != self._forward_on:
+                        self._set_forward_hooks(due)
                 if self.step % self.check_every == 0:
                     self.check_now()
 
             self._handles.append(self.optimizer.register_step_pre_hook(step_pre))
             self._handles.append(self.optimizer.register_step_post_hook(step_post))
+
+    def _set_forward_hooks(self, on: bool) -> None:
+        if on == self._forward_on or (on and self._closed):
+            return
+        self._forward_on = on
+        if on:
+            for hook, is_pre in self._forward_hooks:
+                register = self.model.register_forward_pre_hook if is_pre else self.model.register_forward_hook
+                self._forward_handles.append(register(hook, with_kwargs=True))
+        else:
+            for handle in self._forward_handles:
+                handle.remove()
+            self._forward_handles.clear()
+
+    @contextlib.contextmanager
+    def watching_forwards(self) -> Iterator[None]:
+        """Check every forward inside the block, whatever ``forward_every`` (code the schedule could miss)."""
+        self._watching += 1
+        self._set_forward_hooks(True)
+        try:
+            yield
+        finally:
+            self._watching -= 1
+            if not self._watching and self.forward_every > 1:
+                self._set_forward_hooks(self.step % self.forward_every == 0)
 
     # -- findings ------------------------------------------------------------------------------------
 
@@ -243,6 +288,7 @@ class Guard:
             if check:
                 self.check_now()
         finally:
+            self._set_forward_hooks(False)
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
@@ -263,6 +309,8 @@ def guard(
     action: Action = "warn",
     check_every: int = 50,
     checks: list[str] | None = None,
+    forward_every: int = 1,
 ) -> Guard:
     """Watch ``model`` and ``optimizer`` for the doctor's mistakes while your loop runs (see :class:`Guard`)."""
-    return Guard(model, optimizer, action=action, check_every=check_every, checks=checks)
+    return Guard(model, optimizer, action=action, check_every=check_every, checks=checks,
+                 forward_every=forward_every)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 
 import torch
@@ -11,6 +12,7 @@ from trainwise.guards.core import Check
 
 _GRAD = operator.attrgetter("grad")
 _NOT_NONE = functools.partial(operator.is_not, None)
+_ROW = operator.itemgetter(2)  # the norms of a pending (step, indices, norms) entry
 
 
 class NonFiniteGradient(Check):
@@ -43,6 +45,7 @@ class NonFiniteGradient(Check):
             for g, group in enumerate(optimizer.param_groups) for i, p in enumerate(group["params"])
         ]
         self._groups = len(optimizer.param_groups)
+        self._one_device = len({p.device for p in self._params}) <= 1
         low = (torch.float16, torch.bfloat16, torch.float32)
         # float32 norms keep float16 ones from overflowing; float64 or complex gradients keep their own dtype
         self._dtype = torch.float32 if all(p.dtype in low for p in self._params) else None
@@ -64,9 +67,11 @@ class NonFiniteGradient(Check):
         pending, self._pending = self._pending, []
         if self._done or not pending:
             return
-        norms = [norm for _, _, row in pending for norm in row]
+        norms = list(itertools.chain.from_iterable(map(_ROW, pending)))  # in C: an interval holds many
         device = norms[0].device
-        finite = torch.isfinite(torch.stack([n if n.device == device else n.to(device) for n in norms]))
+        if not self._one_device:
+            norms = [n if n.device == device else n.to(device) for n in norms]
+        finite = torch.isfinite(torch.stack(norms))
         if bool(finite.all()):  # the one host sync of the interval
             return
         flags = finite.cpu().tolist()
