@@ -220,7 +220,11 @@ class GradientAccumulator:
             self._reference = _positive(_ratio(count, micro_batches))  # the same on every process
         # after unscale_ (which checks for inf/NaN), so the inf check sees the backpropagated values
         # _positive: a window that counted no item anywhere (all padding) has zero gradients, not 0/0
-        divisor = _ratio(_positive(count), self._expected if self._expected is not None else 1)
+        expected = self._expected if self._expected is not None else 1
+        if isinstance(count, torch.Tensor) or isinstance(expected, torch.Tensor):
+            divisor = _ratio(_positive(count), expected)
+        else:  # host numbers, the common case: no helper calls on every step
+            divisor = (count if count > 0 else 1) / expected
         if isinstance(divisor, torch.Tensor) or divisor != 1:
             grads = self._grads() if grads is None else grads
             _divide_(grads, divisor)
@@ -274,7 +278,8 @@ class GradientAccumulator:
             # is the same on every process: the previous window's global mean count per micro-batch (the step's
             # all-reduce gives it to every process), 1 for the first window.
             return self.steps * self._reference
-        return self.steps * _positive(count)  # about the window's total count; any positive value is exact
+        # about the window's total count; any positive value is exact (a host count is positive: checked)
+        return self.steps * (_positive(count) if isinstance(count, torch.Tensor) else count)
 
     def sync_context(self, model: torch.nn.Module, *, last: bool) -> contextlib.AbstractContextManager[None]:
         """Under DDP, skip the gradient all-reduce for every micro-batch but the last of a window."""

@@ -107,6 +107,10 @@ class Mean(Metric):
         if loss is None or (not isinstance(count, torch.Tensor) and count == 0):
             return
         if reduction == "mean":
+            if type(count) is int and loss.dim() == 0 and not loss.requires_grad:  # a training step's own case
+                self._total.add_(loss, alpha=count)
+                self._host_count += count
+                return
             self.update(loss, count)
         else:
             self.update_sum(loss, count)

@@ -553,7 +553,8 @@ class Trainer:
         accumulator = run.accumulator
         with accumulator.sync_context(run.forward_model, last=last):
             micro = run.forward(run.forward_model, batch)
-            run.stream.add(micro.targets)
+            if run.stream.limit is not None:  # a worker-loaded stream with a length: its samples counted
+                run.stream.add(micro.targets)
             if micro.loss is None:  # no counted item (every token ignored): no gradient, no loss value
                 accumulator.backward_empty(micro.outputs)
             else:
