@@ -9,7 +9,8 @@ Every side trains the same MLP (same seed, so the same initial weights) on the s
 - ``same-work``: the loop that does what the Trainer does: no weight decay on biases (the Trainer's default
   parameter groups) with torch's fused AdamW kernel (``fused=True``, the Trainer's default where torch has one),
   a sample-weighted running loss and accuracy kept as tensors and read once per epoch.
-- ``guard``: the minimal loop inside ``trainwise.guard(model, optimizer, check_every=log_every)``.
+- ``guard``: the minimal loop inside ``trainwise.guard(model, optimizer, check_every=log_every)``;
+  ``guard-every-8`` with ``forward_every=8`` (the forward hooked on one step in 8, as the Trainer does).
 - ``trainer``: ``trainwise.Trainer`` as a user gets it: progress ``auto`` (plain lines, the child's output is
   a pipe), a checkpoint at every epoch end, the learning-curve plot (when matplotlib is installed), the
   diagnosis and the runtime guards on; run folder in a temporary directory, no validation.
@@ -79,7 +80,7 @@ LOSS_TOLERANCE = {"rel_tol": 1e-4, "abs_tol": 1e-6}
 
 # Sides whose final weights must agree: the same optimizer groups, the same data order, the same seed.
 FAMILIES = {
-    "one AdamW group": ("minimal", "guard", "fabric", "accelerate", "lightning"),
+    "one AdamW group": ("minimal", "guard", "guard-every-8", "fabric", "accelerate", "lightning"),
     "no decay on biases": ("same-work", "trainer", "trainer-off"),
 }
 # side -> the module that must import for it to run
@@ -224,7 +225,7 @@ def run_minimal(model: Any, dataset: Any, options: RunOptions, watch: Stopwatch)
     return model
 
 
-def run_guard(model: Any, dataset: Any, options: RunOptions, watch: Stopwatch) -> Any:
+def run_guard(model: Any, dataset: Any, options: RunOptions, watch: Stopwatch, *, forward_every: int = 1) -> Any:
     import torch
 
     import trainwise
@@ -232,10 +233,14 @@ def run_guard(model: Any, dataset: Any, options: RunOptions, watch: Stopwatch) -
     watch.start()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     loader = _loader(dataset, options)
-    with trainwise.guard(model, optimizer, check_every=options.log_every):
+    with trainwise.guard(model, optimizer, check_every=options.log_every, forward_every=forward_every):
         _minimal_loop(model, optimizer, loader, options.epochs, _plain_backward)
     watch.stop()
     return model
+
+
+def run_guard_every_8(model: Any, dataset: Any, options: RunOptions, watch: Stopwatch) -> Any:
+    return run_guard(model, dataset, options, watch, forward_every=8)
 
 
 def run_same_work(model: Any, dataset: Any, options: RunOptions, watch: Stopwatch) -> Any:
@@ -373,6 +378,7 @@ RUNNERS: dict[str, Callable[[Any, Any, RunOptions, Stopwatch], Any]] = {
     "minimal": run_minimal,
     "same-work": run_same_work,
     "guard": run_guard,
+    "guard-every-8": run_guard_every_8,
     "trainer": run_trainer,
     "trainer-off": run_trainer_off,
     "fabric": run_fabric,

@@ -77,7 +77,7 @@ def test_a_missing_peer_asked_for_is_one_sentence_naming_the_install(side):
 def test_missing_peers_are_left_out_by_default_with_the_reason():
     overhead = _overhead()
     sides, skipped = overhead._choose_sides(None)
-    assert sides[:5] == ["minimal", "same-work", "guard", "trainer", "trainer-off"]
+    assert sides[:6] == ["minimal", "same-work", "guard", "guard-every-8", "trainer", "trainer-off"]
     for side in ("fabric", "accelerate", "lightning"):
         assert (side in sides) != (side in skipped)
 
