@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/step_work.py
+	$(BIN)/python benchmarks/epoch_end.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

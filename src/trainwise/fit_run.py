@@ -74,6 +74,7 @@ class Run:
     )
     outcome: Outcome = dataclasses.field(default_factory=Outcome)
     facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what a checkpoint records of the run
+    checkpoint_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # the config and facts it records
     guard_hooks: Guard | None = None  # the runtime guards (guards="warn" or "raise")
     params: dict[str, Any] = dataclasses.field(default_factory=dict)  # config.json; the trackers' hyperparameters
     resumed_step: int | None = None  # the step a resume continued from

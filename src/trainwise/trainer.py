@@ -240,6 +240,7 @@ class Trainer:
                                              on_shrink=lambda old, new: self._shrunk(run, old, new))
         run.facts = run_facts(model=model, optimizer=optimizer, scheduler=scheduler, loader=train_loader,
                               window=accumulator.steps, precision=precision.name, world_size=self._dist.world_size)
+        run.checkpoint_config = {**self.config.to_dict(), FACTS_KEY: run.facts}  # once: every checkpoint records it
         self._open_run_folder(run)
         for note in notes:
             if "norm_layers" in note:
@@ -619,7 +620,7 @@ class Trainer:
             check_finite_everywhere(run.guard, run.accumulator.optimizer_steps)
         with run.interrupt.held():  # a Ctrl-C inside torch.save would break the file being written
             save_training_checkpoint(run.manager, run.resumable, step=run.accumulator.optimizer_steps, metric=metric,
-                                     config={**self.config.to_dict(), FACTS_KEY: run.facts}, run_dir=run.run_dir,
+                                     config=run.checkpoint_config, run_dir=run.run_dir,
                                      background=True)  # fsync and pruning overlap the next epoch
         run.checkpoint_step = run.accumulator.optimizer_steps
 
