@@ -126,3 +126,21 @@ def test_the_trainer_watches_the_forwards_its_callbacks_run(tmp_path):
 def test_the_trainer_finds_a_model_that_keeps_its_graphs(tmp_path):
     torch.manual_seed(0)
     assert _fit(tmp_path, _KeepsOutputs()) == [("TW102", 3)]  # as without the schedule
+
+
+class _EvaluatesWithAutograd:
+    """A callback with the mistake TW104 reports: eval mode, but no torch.no_grad()."""
+
+    def __init__(self, inputs: torch.Tensor) -> None:
+        self.inputs = inputs
+
+    def on_epoch_end(self, state) -> None:
+        state.model.eval()
+        state.model(self.inputs).sum()
+        state.model.train()
+
+
+def test_an_evaluation_with_autograd_in_a_callback_is_reported(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.1), nn.Linear(8, 3))
+    assert [code for code, _ in _fit(tmp_path, model, [_EvaluatesWithAutograd(torch.randn(2, 4))])] == ["TW104"]
