@@ -139,3 +139,23 @@ def test_metrics_first_touched_in_inference_mode_work_outside_it(tmp_path):
         dist.destroy_process_group()
     assert metrics.compute()["loss"] == 3.0
     assert metrics.counts() == {"loss": 2.0, "accuracy": 0.0}
+
+
+@pytest.mark.parametrize(
+    "loss, count",
+    [
+        (torch.tensor(0.25), 4),  # a detached training loss over a host count: the fast path
+        (0.25, 4),  # a number
+        (torch.tensor([0.25]), 4),  # a one-element tensor
+        (torch.tensor(0.25, requires_grad=True), 4),  # still attached to its graph
+        (torch.tensor(0.25), torch.tensor(4)),  # a count on the device (tokens)
+        (torch.tensor(0.25, dtype=torch.float64), 4.0),  # a float count
+    ],
+)
+def test_update_loss_weights_a_mean_loss_by_its_count_whatever_its_form(loss, count):
+    metric = Mean()
+    metric.update_loss(torch.tensor(1.0), 4)
+    metric.update_loss(loss, count)
+    metric.update_loss(None, 3)  # no counted item: nothing added
+    assert metric.compute() == pytest.approx((1.0 * 4 + 0.25 * 4) / 8)
+    assert not metric.state.requires_grad

@@ -107,8 +107,8 @@ class Mean(Metric):
         if loss is None or (not isinstance(count, torch.Tensor) and count == 0):
             return
         if reduction == "mean":
-            if type(count) is int and loss.dim() == 0 and not loss.requires_grad:  # a training step's own case
-                self._total.add_(loss, alpha=count)
+            if type(count) is int and isinstance(loss, torch.Tensor) and loss.dim() == 0 and not loss.requires_grad:
+                self._total.add_(loss, alpha=count)  # a training step's own case, without the checks below
                 self._host_count += count
                 return
             self.update(loss, count)
