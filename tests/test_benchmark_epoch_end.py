@@ -24,6 +24,6 @@ def test_the_phases_of_a_fit_add_up_to_the_fit():
         assert 0 < phases["epoch-end work"]["share"] < 1
 
 
-def test_bad_arguments_are_one_line():
+def test_bad_arguments_exit_2_without_a_traceback():
     done = subprocess.run([sys.executable, str(SCRIPT), "--runs", "0"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "at least 1" in done.stderr and "Traceback" not in done.stderr
