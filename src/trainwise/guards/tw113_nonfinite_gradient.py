@@ -45,7 +45,6 @@ class NonFiniteGradient(Check):
             for g, group in enumerate(optimizer.param_groups) for i, p in enumerate(group["params"])
         ]
         self._groups = len(optimizer.param_groups)
-        self._one_device = len({p.device for p in self._params}) <= 1
         low = (torch.float16, torch.bfloat16, torch.float32)
         # float32 norms keep float16 ones from overflowing; float64 or complex gradients keep their own dtype
         self._dtype = torch.float32 if all(p.dtype in low for p in self._params) else None
@@ -69,9 +68,11 @@ class NonFiniteGradient(Check):
             return
         norms = list(itertools.chain.from_iterable(map(_ROW, pending)))  # in C: an interval holds many
         device = norms[0].device
-        if not self._one_device:
-            norms = [n if n.device == device else n.to(device) for n in norms]
-        finite = torch.isfinite(torch.stack(norms))
+        try:
+            stacked = torch.stack(norms)
+        except RuntimeError:  # parameters on several devices (a model split, or moved since the guard started)
+            stacked = torch.stack([n if n.device == device else n.to(device) for n in norms])
+        finite = torch.isfinite(stacked)
         if bool(finite.all()):  # the one host sync of the interval
             return
         flags = finite.cpu().tolist()
