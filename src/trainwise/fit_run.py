@@ -19,12 +19,14 @@ from trainwise.checkpoint.loader import ResumableLoader
 from trainwise.checkpoint.manager import CheckpointManager
 from trainwise.checkpoint.training import finish_checkpoint_writes
 from trainwise.checkpoint.weights import save_weights
+from trainwise.config import TrainerConfig
 from trainwise.data import StreamCheck
 from trainwise.diagnosis import OverfittingReport
 from trainwise.early_stopping import EarlyStopping
 from trainwise.errors import TrainwiseError
-from trainwise.guards.core import Guard
+from trainwise.guards.core import Guard, GuardFinding
 from trainwise.guards.loss import NonFiniteLossGuard
+from trainwise.guards.registry import all_check_classes
 from trainwise.interrupts import StepBoundaryInterrupt
 from trainwise.metrics import Mean, MetricSet
 from trainwise.oom import AdaptiveMicroBatches
@@ -88,6 +90,40 @@ class Run:
     micro: AdaptiveMicroBatches | None = None  # batch_size="auto": the micro-batch size that fits
     epoch: int = 0  # the epoch training is in (or last was in)
     checkpoint_step: int = -1  # the step of the last checkpoint written
+
+
+# The guards' codes the Trainer's own loop cannot produce: gradients never zeroed, float16 without a scaler, a
+# batch on another device.
+RULED_OUT_BY_THE_LOOP = frozenset({"TW105", "TW109", "TW112"})
+# The forward-time checks watch one optimizer step in this many: the mistakes they catch (a graph kept in a
+# list, a frozen norm layer in train mode) repeat on every step, and hooking every forward costs about 4% of a
+# millisecond step. Callbacks' forwards are all watched.
+GUARD_FORWARD_EVERY = 8
+
+
+def install_guards(run: Run, config: TrainerConfig) -> None:
+    """The doctor's codes at run time (``guards``): each finding printed and logged once."""
+    cfg = config
+    if cfg.guards == "off":
+        return
+
+    def found(finding: GuardFinding) -> None:
+        run.progress.message(f"guard: {finding}")
+        run.log.write({"kind": "guard", **dataclasses.asdict(finding)})
+
+    # Not run: what this loop rules out itself (it zeroes the gradients after every step, scales float16 with
+    # a GradScaler, moves every batch to the model's device), and TW108 with train_norm_stats=True (frozen
+    # norm layers then update their statistics on purpose). Each skipped check is work on every step.
+    skipped = RULED_OUT_BY_THE_LOOP | ({"TW108"} if cfg.train_norm_stats else set())
+    codes = [c.code for c in all_check_classes() if c.code not in skipped]
+    try:
+        run.guard_hooks = Guard(run.model, run.optimizer, action="raise" if cfg.guards == "raise" else "record",
+                                check_every=cfg.log_every, on_finding=found, checks=codes,
+                                forward_every=GUARD_FORWARD_EVERY)
+    except BaseException:
+        close_run(run)
+        raise
+    run.guard_hooks.step = run.accumulator.optimizer_steps
 
 
 def build_model(factory: Callable[[], Any]) -> torch.nn.Module:

@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -20,17 +19,15 @@ from trainwise.accumulation import GradientAccumulator
 from trainwise.batches import MicroBatch, forward_micro_batch, wants_accuracy
 from trainwise.batches import split_batch as default_split_batch
 from trainwise.callbacks import CallbackList, TrainingState
-from trainwise.checkpoint.compat import FACTS_KEY, check_resume, describe, resume_changes, run_facts
+from trainwise.checkpoint.compat import FACTS_KEY, run_facts
 from trainwise.checkpoint.manager import CheckpointManager
 from trainwise.checkpoint.training import (
-    read_resume_checkpoint,
-    restore_training_checkpoint,
     save_training_checkpoint,
 )
 from trainwise.config import TrainerConfig
 from trainwise.data import StreamCheck, evaluation_loader, length, threads_beside_workers, training_loader, window_steps
 from trainwise.device import resolve_device, resolve_precision
-from trainwise.diagnosis import OverfittingReport, detect_overfitting
+from trainwise.diagnosis import detect_overfitting
 from trainwise.distributed import (
     DistributedInfo,
     broadcast_flag,
@@ -46,11 +43,10 @@ from trainwise.distributed import (
 from trainwise.early_stopping import EarlyStopping, best_epoch, metric_mode
 from trainwise.errors import NonFiniteLossError, TrainwiseError
 from trainwise.evaluation import evaluate
-from trainwise.fit_run import Run, build_model, callback_metrics, close_run, end_trackers
+from trainwise.fit_resume import resume_run
+from trainwise.fit_run import Run, build_model, callback_metrics, close_run, end_trackers, install_guards
 from trainwise.freezing import pin_frozen_norm_layers, unfreeze_into
-from trainwise.guards.core import Guard, GuardFinding
 from trainwise.guards.loss import NonFiniteLossGuard, check_finite_everywhere
-from trainwise.guards.registry import all_check_classes
 from trainwise.interrupts import StepBoundaryInterrupt
 from trainwise.metrics import Mean, MetricSet
 from trainwise.oom import AdaptiveMicroBatches, check_auto_loader
@@ -61,14 +57,6 @@ from trainwise.results import FitResult
 from trainwise.runlog import RunLock, open_run
 from trainwise.seeding import determinism_restored, seed_everything
 from trainwise.tracking import TrackedLog, open_loggers, split_loggers
-
-# The guards' codes the Trainer's own loop cannot produce: gradients never zeroed, float16 without a scaler, a
-# batch on another device.
-RULED_OUT_BY_THE_LOOP = frozenset({"TW105", "TW109", "TW112"})
-# The forward-time checks watch one optimizer step in this many: the mistakes they catch (a graph kept in a
-# list, a frozen norm layer in train mode) repeat on every step, and hooking every forward costs about 4% of a
-# millisecond step. Callbacks' forwards are all watched.
-GUARD_FORWARD_EVERY = 8
 
 
 class Trainer:
@@ -246,10 +234,10 @@ class Trainer:
             if "norm_layers" in note:
                 run.progress.message(note["message"])
             run.log.write({"kind": "note", **note})
-        self._resume(run)
+        resume_run(run, self.config, is_main=self._dist.is_main)
         if run.micro is not None and run.loop.get("micro_batch"):  # a resume starts at the size that fitted
             run.micro.size = int(run.loop["micro_batch"])
-        self._install_guards(run)
+        install_guards(run, self.config)
         self._open_trackers(run)
         return run
 
@@ -278,30 +266,6 @@ class Trainer:
         except BaseException:
             close_run(run, failing=True)
             raise
-
-    def _install_guards(self, run: Run) -> None:
-        """The doctor's codes at run time (``guards``): each finding printed and logged once."""
-        cfg = self.config
-        if cfg.guards == "off":
-            return
-
-        def found(finding: GuardFinding) -> None:
-            run.progress.message(f"guard: {finding}")
-            run.log.write({"kind": "guard", **dataclasses.asdict(finding)})
-
-        # Not run: what this loop rules out itself (it zeroes the gradients after every step, scales float16 with
-        # a GradScaler, moves every batch to the model's device), and TW108 with train_norm_stats=True (frozen
-        # norm layers then update their statistics on purpose). Each skipped check is work on every step.
-        skipped = RULED_OUT_BY_THE_LOOP | ({"TW108"} if cfg.train_norm_stats else set())
-        codes = [c.code for c in all_check_classes() if c.code not in skipped]
-        try:
-            run.guard_hooks = Guard(run.model, run.optimizer, action="raise" if cfg.guards == "raise" else "record",
-                                    check_every=cfg.log_every, on_finding=found, checks=codes,
-                                    forward_every=GUARD_FORWARD_EVERY)
-        except BaseException:
-            close_run(run)
-            raise
-        run.guard_hooks.step = run.accumulator.optimizer_steps
 
     def _place_model(self, model: Any) -> tuple[torch.nn.Module, torch.device, Any, list[dict[str, Any]]]:
         """Seed, build the model (a factory) or take it, join the processes, move it to its device, keep
@@ -354,51 +318,6 @@ class Trainer:
                            ("early_stopping", run.stopper)):
             if item is not None:
                 run.resumable[name] = item
-
-    def _resume(self, run: Run) -> None:
-        """Continue from the checkpoint ``resume`` names, if any: every object restored in place."""
-        def skipped(reason: str, chosen: Path) -> None:
-            run.progress.message(f"{reason} Resuming from the previous good checkpoint, {chosen}.")
-            run.log.write({"kind": "damaged_checkpoint", "reason": reason, "using": str(chosen)})
-
-        found = read_resume_checkpoint(self.config.resume, run.run_dir, on_skipped=skipped)
-        if found is not None:
-            path, checkpoint = found
-            saved = checkpoint["state"]
-            changes = resume_changes(checkpoint.get("meta", {}).get("config"), self.config.to_dict(), run.facts)
-            fresh = check_resume(changes, mismatch=self.config.resume_mismatch, checkpoint=path)
-            if changes:  # resume_mismatch="allow"
-                run.progress.message(describe(changes))
-                run.log.write({"kind": "resume_mismatch", "changes": {k: [str(o), str(n)] for k, (o, n) in
-                                                                      changes.items()}})
-            self._replay_unfreezing(run, saved["loop"]["epoch"], mid_epoch=bool(saved.get("loader", {}).get(
-                "batches_done")))
-            restoring = {k: v for k, v in run.resumable.items() if k not in fresh}  # what the new run replaced
-            restore_training_checkpoint(path, checkpoint, restoring, fsdp=run.fsdp)
-            run.resumable.update(restoring)
-            if not self._dist.is_main:
-                run.metrics.reset()  # the checkpoint holds the sums over all processes: rank 0 carries them
-            run.loop = run.resumable["loop"]
-            saved_report = run.loop.get("overfitting")
-            run.outcome.overfitting = OverfittingReport(**saved_report) if saved_report else None
-            offset = run.train_loader.resume_offset
-            run.progress.message(
-                f"resumed from {path} at epoch {run.loop['epoch']}, step {run.accumulator.optimizer_steps}"
-                + (f" ({plural(offset, 'batch')} into the epoch)." if offset else ".")
-            )
-            run.log.write({"kind": "resumed", "checkpoint": str(path), "epoch": run.loop["epoch"],
-                           "step": run.accumulator.optimizer_steps})
-            run.resumed_step = run.accumulator.optimizer_steps
-        if run.guard.model is not None:
-            run.guard.keep(run.accumulator.optimizer_steps)  # a NaN before the first check returns the model here
-
-    def _replay_unfreezing(self, run: Run, epoch: int, *, mid_epoch: bool) -> None:
-        """The optimizer must have the groups it had when saved: redo the unfreezing done by then."""
-        cfg = self.config
-        for at in sorted(cfg.unfreeze_at or {}):
-            if at < epoch or (mid_epoch and at == epoch):
-                unfreeze_into(run.model, run.optimizer, *cfg.unfreeze_at[at],  # type: ignore[index]
-                              lr_by_pattern=cfg.lr_by_pattern, scheduler=run.scheduler)
 
     def _run(self, run: Run) -> FitResult:
         """The epochs; an interrupt or a NaN ends them with what was logged so far."""

@@ -55,7 +55,7 @@ def test_a_clean_demo_run_gets_no_finding(tmp_path, finetune):
 
 
 def test_the_trainer_runs_every_check_but_those_its_own_loop_rules_out(tmp_path, monkeypatch):
-    from trainwise import trainer as trainer_module
+    from trainwise import fit_run as trainer_module  # where the Trainer's guards are installed
     from trainwise.guards.registry import all_check_classes
 
     installed = []
