@@ -132,7 +132,9 @@ class AdaptiveMicroBatches:
         while True:
             failed = self._attempt(batch, total, train)
             if self.distributed:
-                failed = _any_process(failed, self._device())
+                from trainwise.distributed import any_rank
+
+                failed = any_rank(failed, device=self._device())
                 if not failed:
                     _average_gradients(self.model)
             if not failed:
@@ -187,16 +189,6 @@ def _free_memory() -> None:
     mps = getattr(torch, "mps", None)
     if mps is not None and torch.backends.mps.is_available():
         mps.empty_cache()
-
-
-def _any_process(flag: bool, device: torch.device) -> bool:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    value = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
 
 
 def _average_gradients(model: torch.nn.Module | None, bucket: int = 1 << 24) -> None:
