@@ -67,6 +67,23 @@ _FUNCTIONAL_LOSSES = frozenset(
     }
 )
 
+# Words of a loop's iterable or target that say it goes over data (batches, samples, steps), not over a model's
+# structure (its layers, feature levels, heads).
+_DATA_WORDS = frozenset(
+    {"loader", "loaders", "dataloader", "dataloaders", "dl", "dls", "data", "dataset", "datasets", "ds", "batch",
+     "batches", "minibatch", "minibatches", "sample", "samples", "example", "examples", "episode", "episodes",
+     "step", "steps", "iter", "iters", "iteration", "iterations", "epoch", "epochs", "iterator", "stream", "train",
+     "training", "val", "valid", "validation", "test", "testing", "eval", "trainset", "testset", "valset"}
+)
+
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+
+_ITERABLE_WRAPPERS = frozenset({"enumerate", "zip", "tqdm", "iter", "reversed", "sorted", "list", "islice",
+                                "progress_bar", "track", "range", "len"})
+
+_CLASS_NAME = re.compile(r"_*[A-Z]\w*[a-z]\w*")  # ResNet, OutputModel: a class by its spelling (G, D, VGG: unsure)
+
+
 def _is_model_name(name: str) -> bool:
     return bool(_MODEL_NAME.fullmatch(name) or _MODEL_CAMEL.fullmatch(name))
 
@@ -210,8 +227,47 @@ class Roles:
         return None
 
     def is_model_call(self, node: ast.AST) -> bool:
-        """Whether ``node`` is a forward call ``model(x)`` of a module."""
-        return isinstance(node, ast.Call) and self.is_module(node.func)
+        """Whether ``node`` is a forward call ``model(x)`` of a module. A call of a name spelled like a class
+        (``ResNet(...)``, ``clearml.OutputModel(...)``) that the file never assigns nor uses as a module
+        constructs an object: it runs no forward."""
+        if not isinstance(node, ast.Call) or not self.is_module(node.func):
+            return False
+        name = last_name(node.func)
+        if name is not None and _CLASS_NAME.fullmatch(name):  # G_net = Generator(); G_net(z) is a forward
+            key = dotted(node.func)
+            return any(b.kind in ("assign", "walrus", "with", "for") for b in self.bindings_of(node.func)) or any(
+                key in self.method_receivers.get(m, ()) for m in _MODULE_METHODS)
+        return True
+
+    def iterates_over_data(self, loop: ast.AST) -> bool:
+        """Whether a loop goes over data rather than over a model's structure: a ``while`` loop, a loop over a
+        loader, a loop that calls ``next()``, or one whose iterable or target is named for data (``batches``,
+        ``range(len(dataset))``, ``for step in range(num_steps)``). A loop over ``enumerate(feature_maps)``,
+        ``self.layers`` or ``range(self.num_levels)`` is not: its length is the model's, not the run's."""
+        if isinstance(loop, ast.While):
+            return True
+        if not isinstance(loop, (ast.For, ast.AsyncFor)):
+            return False
+        for node in ast.walk(loop):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "next":
+                return True
+        iterables = [loop.iter]
+        for _ in range(4):  # enumerate(tqdm(loader)), zip(loader_a, loader_b), range(len(dataset))
+            unwrapped = []
+            for expr in iterables:
+                if isinstance(expr, ast.Call) and last_name(expr.func) in _ITERABLE_WRAPPERS:
+                    unwrapped.extend(expr.args)
+                else:
+                    unwrapped.append(expr)
+            iterables = unwrapped
+        if any(self.loader(expr) is not None for expr in iterables):
+            return True
+        for part in (loop.iter, loop.target):
+            for node in ast.walk(part):
+                name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+                if name is not None and any(w.lower() in _DATA_WORDS for w in _WORD.findall(name)):
+                    return True
+        return False
 
     def is_optimizer(self, node: ast.AST) -> bool:
         """Whether ``node`` is an optimizer: assigned from ``torch.optim.<Class>(...)`` or named like one."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from trainwise.doctor.context import dotted, is_const, method_call, names_in
+from trainwise.doctor.context import dotted, is_const, last_name, method_call, names_in, position
+from trainwise.doctor.functions import functions
 from trainwise.doctor.rule import Rule
 
 if TYPE_CHECKING:
@@ -39,8 +40,16 @@ class GraphKeptAcrossIterations(Rule):
     its own, or only with `retain_graph=True`: a loss summed over micro-batches or heads), when the list is
     re-created every iteration (or every epoch, while the loop that fills it takes no training step: a few
     evaluation outputs kept for a plot do not grow with the run), and on values that are not tensors with a
-    graph (`loss.item()`, `loss.detach()`, `float(loss)`, `len(batch)`). A list of model outputs returned by a
-    function without a `backward()` stays silent too: the caller may well compute a loss from it.
+    graph (`loss.item()`, `loss.detach()`, `float(loss)`, `len(batch)`, `OutputModel(...)`: a class being
+    constructed). A list of model outputs returned by a function without a `backward()` stays silent too: the
+    caller may well compute a loss from it. So does a list that lives within one call of a function (a
+    `forward` building the levels of a feature pyramid in one loop and reading them in the next): made anew
+    by the call (`[]`, `0`, or what a forward it calls returns), filled by loops that take no training step
+    (no `backward()`, optimizer `step()` or `zero_grad()`, here or in a helper of the file) and go over the
+    model's structure (`enumerate(feature_maps)`, `range(self.num_levels)`), not over data (a loader,
+    `batches`, `range(len(dataset))`, `next(it)`, a `while` loop); that holds one step's graph, which is
+    wanted. A list over data stays reported even without a training step: an evaluation run with autograd on
+    keeps every batch's graph.
 
     ## Example
     ```python
@@ -136,7 +145,8 @@ class GraphKeptAcrossIterations(Rule):
             return False
         if isinstance(value, ast.Starred) or ctx.grad_disabled(node) or not ctx.carries_graph(value, node):
             return False
-        if loop is not None and self._reset_in(container, loop, node):
+        if loop is not None and (self._reset_in(container, loop, node)
+                                 or self._lives_within_one_call(container, loop, node)):
             return False
         root = key.split(".")[0]
         scope = ctx.scope(node)
@@ -176,6 +186,61 @@ class GraphKeptAcrossIterations(Rule):
                 )
             between.append(current)
             current = ctx.enclosing_loop(current)
+        return False
+
+    def _lives_within_one_call(self, container: ast.AST, loop: ast.AST, node: ast.AST) -> bool:
+        """Whether the total or list is the function's own, made anew by each call before the loops that fill
+        it, while none of those loops takes a training step (here or in a helper of the file) or goes over
+        data: a forward's list of feature maps, filled in one loop and read in the next, holds one call's
+        tensors (this step's graph, which is wanted), however many steps the run takes."""
+        ctx = self.ctx
+        scope = ctx.scope(node)
+        if not isinstance(container, ast.Name) or not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+        name = container.id
+        if any(name in declared.names and ctx.scope(declared) is scope  # type: ignore[attr-defined]
+               for kind in (ast.Global, ast.Nonlocal) for declared in ctx.nodes(kind)):
+            return False
+        loops = [loop]
+        while (outer := ctx.enclosing_loop(loops[-1])) is not None:
+            loops.append(outer)
+        made_before = False
+        for b in ctx.bindings.get((scope, name), ()):
+            if b.stmt is node or b.kind == "augassign":
+                continue
+            value = b.value
+            if b.unpacked and isinstance(value, (ast.Tuple, ast.List)):  # a, b = [], []
+                value = value.elts[b.index] if b.index is not None and b.index < len(value.elts) else None
+            elif b.unpacked and not ctx.is_model_call(value):  # feats, pos = self.backbone(x): that forward's
+                value = None
+            if b.kind in ("assign", "walrus") and value is not None:
+                if name in names_in(value):  # total = total + x, feats = feats[::-1]: still this call's
+                    continue
+                if self._fresh(value):
+                    made_before = made_before or (position(b.stmt) < position(loops[-1])
+                                                  and not ctx.is_inside(b.stmt, loops[-1]))
+                    continue
+            return False  # a parameter, a loop variable, or another name's list (kept = self.features)
+        if not made_before:
+            return False
+        fns = functions(ctx)
+        return not any(ctx.iterates_over_data(lp) or fns.trains(lp) for lp in loops)
+
+    def _fresh(self, value: ast.AST) -> bool:
+        """A new container or number: ``[]``, ``{}``, ``0``, ``[None] * n``, ``list()``, ``torch.zeros(...)``, or
+        what a forward call returns (``self.backbone(x)``: each call builds its outputs anew)."""
+        if self.ctx.is_model_call(value):
+            return True
+        if isinstance(value, (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.ListComp, ast.SetComp,
+                              ast.DictComp)):
+            return True
+        if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult):  # [None] * num_levels
+            return isinstance(value.left, ast.List) or isinstance(value.right, ast.List)
+        if isinstance(value, ast.Call):
+            if last_name(value.func) in _CONTAINER_TYPES:
+                return True
+            qualname = self.ctx.qualname(value.func) or ""
+            return qualname.startswith("torch.") and qualname.rsplit(".", 1)[1][:1].islower()
         return False
 
     # ----------------------------------------------------------------------------- totals meant for autograd
@@ -237,6 +302,9 @@ class GraphKeptAcrossIterations(Rule):
                         frontier.append(new)
             out[scope_id] = names
         return out
+
+
+_CONTAINER_TYPES = frozenset({"list", "dict", "set", "tuple", "defaultdict", "OrderedDict", "deque", "Counter"})
 
 
 def _reference(node: ast.AST) -> str | None:

@@ -5,16 +5,20 @@ from __future__ import annotations
 import ast
 
 from trainwise.doctor.context import has_star_kwargs, is_const, keyword
+from trainwise.doctor.project import TorchRequirement, torch_requirements
 from trainwise.doctor.rule import FixAvailability, Rule
 
 _LOADS = frozenset({"torch.load", "torch.serialization.load"})
+
+_SAFE_DEFAULT_SINCE = (0, 2, 6)  # torch.load defaults to weights_only=True from torch 2.6
 
 
 class TorchLoadWithoutWeightsOnly(Rule):
     """`torch.load` without `weights_only=True`, or with `weights_only=False`.
 
     ## What it does
-    Finds calls of `torch.load` that do not pass `weights_only=True`.
+    Finds calls of `torch.load` that do not pass `weights_only=True`, unless the project declares a torch of
+    at least 2.6, where that is the default.
 
     ## Why is this bad?
     A checkpoint is a pickle. Without `weights_only=True`, loading it may run any code the file's author
@@ -22,6 +26,15 @@ class TorchLoadWithoutWeightsOnly(Rule):
     you execute. `weights_only=True` restricts unpickling to tensors, primitive types and dictionaries
     (the default only since torch 2.6, and code often runs on older versions or passes `False` to silence
     an error). Loading through trainwise (`trainwise.checkpoint`) is safe and is not reported.
+
+    The rule reads the torch requirement the file's project declares: the nearest folder, from the file's
+    own upwards, that holds a `pyproject.toml` (`[project]` `dependencies` and `optional-dependencies`),
+    `setup.cfg` (`install_requires`, `extras_require`), `setup.py` (never read nor run) or
+    `requirements*.txt` (the search stops at a folder holding `.git`). When every versioned declaration of
+    torch there has a lower bound of at least 2.6 (`torch>=2.6`, `torch==2.7.1`, `torch~=2.6`), a call
+    without `weights_only` is safe and is not reported. Otherwise it is, and when a declaration admits an
+    older torch the message names it. `weights_only=False` is reported whatever the version, and so is a
+    call that passes a `pickle_module`: with one, torch 2.6 and later default to `weights_only=False` again.
 
     ## Example
     ```python
@@ -50,6 +63,10 @@ class TorchLoadWithoutWeightsOnly(Rule):
     fix_availability = FixAvailability.SOMETIMES
     fix_safe = False
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._declared: tuple[bool, TorchRequirement | None] | None = None
+
     def visit_Call(self, node: ast.Call) -> None:
         """``torch.load(...)`` through any import alias."""
         if self.ctx.qualname(node.func) not in _LOADS or has_star_kwargs(node):
@@ -57,13 +74,20 @@ class TorchLoadWithoutWeightsOnly(Rule):
         kw = keyword(node, "weights_only")
         custom_pickle = keyword(node, "pickle_module") is not None or len(node.args) >= 3
         if kw is None:
+            safe_default, admitting = self._declared_torch()
+            if safe_default and not custom_pickle:
+                return
             fix = None if custom_pickle else self.make_fix(node, _add_weights_only, "add weights_only=True")
-            self.report(
-                node,
-                "torch.load without weights_only=True can run arbitrary code from the file; "
-                "pass weights_only=True",
-                fix=fix,
-            )
+            if safe_default:  # and a pickle_module: torch's default is weights_only=False again
+                message = ("torch.load with a pickle_module and without weights_only=True can run arbitrary code "
+                           "from the file (a pickle_module turns the torch 2.6 default off); pass weights_only=True")
+            else:
+                message = ("torch.load without weights_only=True can run arbitrary code from the file; pass "
+                           "weights_only=True")
+                if admitting is not None:
+                    message += (f" (the project's declared `{admitting.text}` in {admitting.source} admits torch "
+                                "< 2.6, where weights_only defaults to False)")
+            self.report(node, message, fix=fix)
         elif is_const(kw.value, False):
             fix = None if custom_pickle else self.make_fix(node, _set_weights_only, "set weights_only=True")
             self.report(
@@ -72,6 +96,19 @@ class TorchLoadWithoutWeightsOnly(Rule):
                 "use weights_only=True (and torch.serialization.add_safe_globals for custom types)",
                 fix=fix,
             )
+
+    def _declared_torch(self) -> tuple[bool, TorchRequirement | None]:
+        """Whether the project's declared torch is at least 2.6 everywhere it is versioned (then
+        ``weights_only=True`` is the default), and else a declaration that admits an older torch, if any."""
+        if self._declared is None:
+            found = torch_requirements(self.ctx.path)
+            declared = () if found is None else found[1]
+            versioned = [r for r in declared if r.versioned]
+            admitting = next((r for r in versioned if r.admits_below(_SAFE_DEFAULT_SINCE)), None)
+            if admitting is None and not versioned:
+                admitting = next(iter(declared), None)  # `torch` alone: any version
+            self._declared = (bool(versioned) and admitting is None, admitting)
+        return self._declared
 
 
 def _add_weights_only(node: object, cst: object) -> object:
