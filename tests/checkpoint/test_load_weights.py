@@ -272,3 +272,122 @@ def test_hostile_keys_are_shown_escaped(fresh):
         load_weights(fresh, {torch.zeros(2, 2): torch.zeros(1), "a\x1b[31m": 1})  # no string keys: no weights
     text = one_line(info.value)
     assert "\x1b" not in text and "no model weights" in text
+
+
+# -- strict=False suggested only when it would load most of the model (issue 26 item 10) ------------------
+
+
+def test_strict_false_is_suggested_only_when_it_would_load_most_of_the_model(source, fresh):
+    sd = source.state_dict()  # Net: 9 keys, 100 elements
+    most = {"encoder.weight": sd["encoder.weight"], "head.weight": sd["head.weight"]}  # 2 keys, 56 elements
+    with pytest.raises(WeightsMismatchError) as info:
+        load_weights(fresh, most)
+    assert str(info.value).splitlines()[0].endswith("pass strict=False to load the keys that match.")
+    assert info.value.report.fits
+
+    with pytest.raises(WeightsMismatchError) as info:
+        load_weights(fresh, {"head.bias": sd["head.bias"], "other.weight": torch.zeros(3)})  # 1 key, 3 elements
+    first = str(info.value).splitlines()[0]
+    assert "strict=False" not in first and "only 1 of 9 keys match" in first and "another kind of model" in first
+
+    with pytest.warns(UserWarning) as caught:
+        report = load_weights(fresh, {"other.weight": torch.zeros(3)}, strict=False)
+    assert report.loaded == [] and "strict=False" not in str(report) and "strict=False" not in str(caught[0].message)
+    assert "another kind of model" in str(caught[0].message)
+
+
+def test_a_non_strict_report_does_not_suggest_strict_false(source, fresh):
+    sd = source.state_dict()
+    sd.pop("head.bias")
+    with pytest.warns(UserWarning, match="1 of 9 model keys did not load"):
+        report = load_weights(fresh, sd, strict=False)
+    first = str(report).splitlines()[0]
+    assert report.fits and "strict=False" not in first and "the keys that match loaded" in first
+    assert report.to_dict()["strict"] is False
+
+
+# -- base_model_prefix, folders and shard indexes without transformers (issue 26 item 6) -----------------
+
+
+class Task(torch.nn.Module):
+    """A task model in transformers' shape: its base model under ``base_model_prefix``, and a head."""
+
+    base_model_prefix = "backbone"
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = Net()
+        self.classifier = torch.nn.Linear(3, 2)
+
+
+def test_base_model_prefix_is_added_or_removed_only_with_the_attribute(source):
+    torch.manual_seed(6)
+    task = Task()
+    report = load_weights(task, source.state_dict(), strict=False)
+    assert report.prefix_changes == ["added 'backbone.'"] and report.missing == ["classifier.weight", "classifier.bias"]
+    assert same_weights(task.backbone, source)
+
+    class Base(Net):
+        base_model_prefix = "backbone"  # as transformers' bare models have it too (BertModel: "bert")
+
+    torch.manual_seed(7)
+    bare = Base()
+    report = load_weights(bare, task.state_dict(), strict=False)
+    assert report.prefix_changes == ["removed 'backbone.'"] and sorted(report.unexpected) == [
+        "classifier.bias", "classifier.weight"]
+    assert same_weights(bare, source)
+
+    class Untagged(Task):
+        base_model_prefix = ""
+
+    with pytest.warns(UserWarning, match="11 of 11 model keys did not load"):  # no attribute: no guessing
+        assert load_weights(Untagged(), source.state_dict(), strict=False).prefix_changes == []
+
+
+def test_folder_and_shard_index(source, tmp_path):
+    import json
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "sharded").mkdir()
+    save_weights(source, tmp_path / "one" / "model.safetensors")
+    torch.manual_seed(8)
+    target = Net()
+    report = load_weights(target, tmp_path / "one")
+    assert report.ok and report.source == str(tmp_path / "one" / "model.safetensors") and same_weights(source, target)
+
+    folder = tmp_path / "sharded"
+    sd = source.state_dict()
+    keys = sorted(sd)
+    parts = {"model-00001-of-00002.safetensors": keys[:4], "model-00002-of-00002.safetensors": keys[4:]}
+    for name, part in parts.items():
+        save_weights({k: sd[k] for k in part}, folder / name)
+    weight_map = {k: name for name, part in parts.items() for k in part}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    torch.manual_seed(9)
+    target = Net()
+    report = load_weights(target, folder)
+    assert report.ok and report.source.endswith("model.safetensors.index.json (2 shards)")
+    assert same_weights(source, target)
+
+    save_weights(source, tmp_path / "outside.safetensors")  # loadable, so only refusing it passes
+    weight_map[keys[0]] = "../outside.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(TrainwiseError) as info:
+        load_weights(Net(), folder)
+    assert "'../outside.safetensors'" in one_line(info.value) and "not a file in the index's folder" in str(info.value)
+
+
+def test_resume_refusal_suggests_the_weights_that_fit_only_when_most_do():
+    from trainwise.checkpoint.compat import check_resume, resume_changes
+
+    def refusal(old: dict, new: dict) -> str:
+        changes = resume_changes({"run": {"parameters": old}}, {}, {"parameters": new})
+        with pytest.raises(TrainwiseError) as info:
+            check_resume(changes, mismatch="raise", checkpoint="last.pt")
+        return one_line(info.value)
+
+    old = {"encoder.weight": [8, 4], "encoder.bias": [8], "head.weight": [3, 8], "head.bias": [3]}
+    text = refusal(old, {**old, "head.weight": [5, 8], "head.bias": [5]})  # a new head: the encoder fits
+    assert "changed shape" in text and "load_weights(model, path, strict=False)" in text
+    text = refusal(old, {"other.weight": [8, 4], "other.bias": [8], "head.bias": [3]})  # 3 of 47 elements fit
+    assert "strict=False" not in text and "shares less than half of its parameters" in text

@@ -19,6 +19,7 @@ changes. Options that only steer the rest of the run (more epochs, logging, prog
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,7 +81,7 @@ def resume_changes(saved: Mapping[str, Any] | None, options: Mapping[str, Any], 
                 changes[key] = (old_facts[key], facts.get(key))
         old, new = old_facts.get("parameters"), facts.get("parameters")
         if isinstance(old, Mapping) and isinstance(new, Mapping) and dict(old) != dict(new):
-            changes["parameters"] = (_shapes_differ(old, new), "")
+            changes["parameters"] = (_shapes_differ(old, new), _most_still_fit(old, new))
     return changes
 
 
@@ -90,8 +91,14 @@ def check_resume(changes: Mapping[str, tuple[Any, Any]], *, mismatch: str, check
     if not changes:
         return []
     if "parameters" in changes:
+        differences, fits = changes["parameters"]
+        if fits is False:  # the weights that fit would be almost nothing: never suggest loading them
+            raise TrainwiseError(
+                f"the model does not match {checkpoint}: {differences}, so it shares less than half of its "
+                "parameters with the one that wrote it; resume with that model, or start a new run_dir."
+            )
         raise TrainwiseError(
-            f"the model does not match {checkpoint}: {changes['parameters'][0]}; resume with the model that "
+            f"the model does not match {checkpoint}: {differences}; resume with the model that "
             "wrote it, or start a new run from the weights that fit with trainwise.load_weights(model, path, "
             "strict=False)."
         )
@@ -119,6 +126,21 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def _most_still_fit(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether the new model's parameters that keep their name and shape are at least half of it, by count or
+    by elements (as ``LoadReport.fits``): only then is loading the weights that fit worth suggesting."""
+    def size(shape: Any) -> int:
+        try:
+            return math.prod(int(n) for n in shape)
+        except (TypeError, ValueError):
+            return 0
+
+    same = [k for k in new if k in old and old[k] == new[k]]
+    if 2 * len(same) >= len(new):
+        return True
+    return 2 * sum(size(new[k]) for k in same) >= sum(size(v) for v in new.values())
 
 
 def _shapes_differ(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
