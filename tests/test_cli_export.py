@@ -341,3 +341,33 @@ def test_predict_on_a_checkpoint_names_the_export_command(demo_artifact, tmp_pat
         assert "is a checkpoint saved with torch.save, not an exported model" in line
         assert f"`trainwise export {target} --demo`" in line  # the demo CNN's names and shapes: --demo
         assert "then run `trainwise predict" in line and "format=" not in line
+
+
+def test_export_outputs_selects_fields_and_the_refusal_names_the_flag(tmp_path, monkeypatch, capfd):
+    (tmp_path / "heads.py").write_text(
+        "import torch\n\n"
+        "class Heads(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.body = torch.nn.Linear(4, 6)\n"
+        "        self.head = torch.nn.Linear(6, 3)\n\n"
+        "    def forward(self, x):\n"
+        "        features = self.body(x)\n"
+        "        return {'logits': self.head(features), 'features': features}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["export", "--model", "heads:Heads", "--example-shape", "2,4", "-o", "h.pt2"]
+    assert main(argv) == 2
+    line = _one_line_error(capfd)
+    assert "returns a dict with the tensor fields logits, features" in line
+    assert "pass --outputs logits to export that field" in line and "outputs=" not in line
+    assert main([*argv, "--outputs", "logits,"]) == 2
+    assert "has an empty name" in _one_line_error(capfd)
+    assert main([*argv, "--outputs", "features,logits", "--json"]) == 0
+    report = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    assert [spec["name"] for spec in report["outputs"]] == ["features", "logits"]
+    np.save(tmp_path / "x.npy", np.ones((3, 4), dtype=np.float32))
+    assert main(["predict", "h.pt2", "x.npy", "--output", "out.npz"]) == 0
+    with np.load(tmp_path / "out.npz") as saved:
+        assert sorted(saved.files) == ["features", "logits"] and saved["logits"].shape == (3, 3)

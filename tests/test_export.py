@@ -556,3 +556,170 @@ def test_tensor_subclass_state_is_refused_at_export_not_at_load(tmp_path):
     with pytest.raises(TrainwiseError, match=r"torch.export would pickle offset \(_Marked, not plain tensors\)"):
         trainwise.export(WithSubclass(), torch.randn(2, 3), tmp_path / "m.pt2")
     assert list(tmp_path.iterdir()) == []
+
+
+# -- operators torch itself writes, and outputs= for models that return fields ----------------------------------
+
+
+class Masked(nn.Module):
+    """``(x > 0) & (x < 1)``, the tensor ``&`` of every attention mask: aten.__and__.Tensor in the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        keep = (x > 0) & (x < 1) | (x < -2)
+        return self.linear(x).masked_fill(~keep, 0.0)
+
+
+def test_a_model_using_tensor_and_round_trips_through_pt2(tmp_path):
+    torch.manual_seed(0)
+    model = Masked()
+    report = trainwise.export(model, torch.randn(3, 4), tmp_path / "masked.pt2")  # refused its own artifact before
+    assert report.verified
+    import zipfile
+
+    with zipfile.ZipFile(report.path) as archive:
+        program = next(archive.read(name) for name in archive.namelist() if name.endswith("models/model.json"))
+    assert b"torch.ops.aten.__and__.Tensor" in program and b"torch.ops.aten.__or__.Tensor" in program
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(load_exported(report.path)(x), model(x), **TOL)
+
+
+class Fields(nn.Module):
+    """Returns a dict of tensors, as a model with several heads does."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(4, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        features = torch.relu(self.body(x))
+        return {"logits": self.head(features), "features": features, "note": "not a tensor"}
+
+
+@pytest.mark.parametrize("format", ["torch.export", "torchscript"])
+def test_outputs_selects_fields_of_a_dict(tmp_path, format):
+    torch.manual_seed(0)
+    model = Fields()
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        expected = model(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExportWarning)  # TorchScript traces a field selection (tested below)
+        one = trainwise.export(model, torch.randn(2, 4), tmp_path / f"one{SUFFIXES[format]}", format, outputs="logits")
+        two = trainwise.export(
+            model, torch.randn(2, 4), tmp_path / f"two{SUFFIXES[format]}", format, outputs=("features", "logits")
+        )
+    assert [spec["name"] for spec in one.outputs] == ["logits"] and one.outputs[0]["shape"] == ["batch", 3]
+    assert [spec["name"] for spec in two.outputs] == ["features", "logits"]
+    torch.testing.assert_close(load_exported(one.path)(x), expected["logits"], **TOL)  # the tensor itself
+    features, logits = load_exported(two.path)(x)
+    torch.testing.assert_close(features, expected["features"], **TOL)
+    torch.testing.assert_close(logits, expected["logits"], **TOL)
+    assert json.loads(one.sidecar.read_text())["single_output"] is True
+
+
+def test_torchscript_says_that_outputs_is_traced(tmp_path):
+    with pytest.warns(ExportWarning, match="outputs= is exported by tracing.*traced instead"):
+        report = trainwise.export(Fields(), torch.randn(2, 4), tmp_path / "f.torchscript", "torchscript",
+                                  outputs="logits")  # fmt: skip
+    assert report.method == "trace"
+
+
+def test_a_dict_output_without_outputs_names_the_fix(tmp_path):
+    with pytest.raises(TrainwiseError) as info:
+        trainwise.export(Fields(), torch.randn(2, 4), tmp_path / "f.pt2")
+    message = str(info.value)
+    assert "the model returns a dict with the tensor fields logits, features" in message
+    assert "pass outputs='logits' to export that field (or several names" in message and "\n" not in message
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("model", "outputs", "match"),
+    [
+        (Fields(), "logit", r"the model's dict has no field 'logit'; pass outputs= one of 'logits', 'features'\."),
+        (Fields(), "note", r"the model's dict has a str, not a tensor, as 'note'; pass outputs= one of 'logits'"),
+        (nn.Linear(4, 3), "logits", r"but the model returns a Tensor; drop outputs="),
+        (Fields(), 3, r"outputs must name the fields to export, e.g. outputs='logits' \(or a tuple of names\), got 3"),
+        (Fields(), (), r"outputs must name the fields"),
+        (Fields(), ("logits", "logits"), r"outputs names 'logits' more than once"),
+    ],
+    ids=["missing", "not-a-tensor", "plain-tensor", "int", "empty", "twice"],
+)
+def test_outputs_mistakes_are_one_sentence(tmp_path, model, outputs, match):
+    with pytest.raises(TrainwiseError, match=match) as info:
+        trainwise.export(model, torch.randn(2, 4), tmp_path / "m.pt2", outputs=outputs)
+    assert "\n" not in str(info.value) and "fails on the example inputs" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("word", "expected"),
+    [
+        ("ImageClassifierOutput", "an ImageClassifierOutput"),
+        ("SequenceClassifierOutput", "a SequenceClassifierOutput"),
+        ("dict", "a dict"),
+        ("int", "an int"),
+        ("OrderedDict", "an OrderedDict"),
+        ("MLP", "an MLP"),
+        ("LSTM", "an LSTM"),
+        ("CNN", "a CNN"),
+        ("UnionType", "a UnionType"),
+        ("UserDict", "a UserDict"),
+        ("Tensor", "a Tensor"),
+        ("NoneType", "a NoneType"),
+    ],
+)
+def test_the_article_follows_the_sound_of_the_word(word, expected):
+    from trainwise.exporting import _a
+
+    assert _a(word) == expected
+
+
+def test_a_forward_taking_star_args_exports_with_a_dynamic_batch(tmp_path):
+    class Sum(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(3, 2)
+
+        def forward(self, *inputs):
+            return self.linear(sum(inputs))
+
+    model = Sum()
+    report = trainwise.export(model, (torch.randn(2, 3), torch.randn(2, 3)), tmp_path / "sum.pt2")
+    assert report.dynamic_batch and report.batch_sizes == (2, 1, 3)
+    a, b = torch.randn(7, 3), torch.randn(7, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(load_exported(report.path)(a, b), model(a, b), **TOL)
+
+
+def test_an_operator_of_another_library_is_refused_at_export_with_what_works(tmp_path):
+    @torch.library.custom_op("trainwise_test_export::double", mutates_args=())
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @double.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    class Doubled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return torch.ops.trainwise_test_export.double(self.linear(x))
+
+    with pytest.raises(TrainwiseError) as info:
+        trainwise.export(Doubled(), torch.randn(2, 3), tmp_path / "d.pt2")
+    message = str(info.value)
+    assert "the library 'trainwise_test_export', not of torch's own aten or prims" in message
+    assert "use format='torchscript'" in message and "export the model again" not in message and "\n" not in message
+    assert list(tmp_path.iterdir()) == []
+    report = trainwise.export(Doubled(), torch.randn(2, 3), tmp_path / "d.torchscript", "torchscript")
+    assert report.verified and report.method == "script"  # what the sentence advises does work

@@ -3,6 +3,7 @@
     report = trainwise.export(model, torch.randn(1, 1, 8, 8), "digits.pt2")   # torch.export, dynamic batch
     report = trainwise.export(model, example, "digits.torchscript", format="torchscript")
     report = trainwise.export(model, example, "digits.onnx", format="onnx")      # pip install trainwise[onnx]
+    report = trainwise.export(bert, (ids, mask), "bert.pt2", outputs="logits")   # a field of a ModelOutput
     run = trainwise.load_exported("digits.pt2")                                  # no model class needed
     logits = run(torch.randn(5, 1, 8, 8))
 
@@ -15,7 +16,6 @@ figures. Fundamental 11: a ``state_dict`` needs the training code, these artifac
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
 import importlib
@@ -26,7 +26,6 @@ import linecache
 import logging
 import math
 import os
-import re
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ import traceback
 import types
 import warnings
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +45,9 @@ from trainwise import __version__
 from trainwise.checkpoint.io import atomic_write_json
 from trainwise.errors import TrainwiseError
 from trainwise.evaluation import restore_training_modes, training_modes
+from trainwise.export_check import Refused, check_archive
+from trainwise.export_check import is_plain_guard as _is_plain_guard  # noqa: F401  (imported from here by tests)
+from trainwise.export_check import is_plain_sympy as _is_plain_sympy  # noqa: F401
 
 Format = Literal["torch.export", "torchscript", "onnx"]
 FORMATS: tuple[str, ...] = ("torch.export", "torchscript", "onnx")
@@ -137,6 +139,7 @@ def export(
     atol: float | None = None,
     rtol: float | None = None,
     check_batch_sizes: Sequence[int] | None = None,
+    outputs: str | Sequence[str] | None = None,
 ) -> ExportReport:
     """Export ``model`` in eval mode to ``path``, check the artifact against the eager model, write ``path.json``.
 
@@ -145,12 +148,16 @@ def export(
     Parity is checked at the example batch size and at ``check_batch_sizes`` (default: two others); ``atol`` and
     ``rtol`` default to :data:`TOLERANCES` for each output's dtype. Raises :class:`ExportParityError` (and leaves
     any existing file at ``path`` untouched) when the artifact differs by more than that.
+
+    ``outputs`` exports the named fields of a model that returns a ``ModelOutput`` (Hugging Face), a dict or a
+    dataclass: ``outputs="logits"`` makes the artifact return that tensor, several names a tuple in that order.
     """
     started = time.perf_counter()
     if format not in FORMATS:
         raise TrainwiseError(f"unknown export format {format!r}; use one of {', '.join(FORMATS)}.")
     if not isinstance(model, nn.Module):
         raise TrainwiseError(f"export() needs a torch.nn.Module, got {type(model).__name__}; pass the model itself.")
+    selected = _output_selection(outputs)
     for name, value in (("atol", atol), ("rtol", rtol)):
         if value is not None and not (value >= 0 and math.isfinite(value)):
             raise TrainwiseError(f"{name} must be a finite number of 0 or more, got {value!r}.")
@@ -164,6 +171,8 @@ def export(
         _require("onnx", "ONNX export")
         _require("onnxscript", "ONNX export")
     names = _input_names(model, len(inputs))
+    if selected:
+        model = _SelectOutputs(model, selected)  # the user's model is its submodule: its modes are restored below
     if dynamic_batch:
         batch: int | None = _example_batch(inputs, names)
         sizes = _batch_sizes(batch, check_batch_sizes)
@@ -186,11 +195,12 @@ def export(
         capture = _resize_batch(inputs, 2) if dynamic_batch and batch == 1 else inputs
         input_specs = _specs(names, inputs, dynamic_batch)
         output_specs = _output_specs(checks, dynamic_batch)
-        output_specs = [{"name": n, **s} for n, s in zip(_output_names(len(expected)), output_specs)]
+        output_names = list(selected) or _output_names(len(expected))
+        output_specs = [{"name": n, **s} for n, s in zip(output_names, output_specs)]
         with tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as staging:
             staged = Path(staging) / target.name
             writer = {"torch.export": _write_torch_export, "torchscript": _write_torchscript, "onnx": _write_onnx}
-            method = writer[format](model, capture, staged, dynamic_batch, names, len(expected))
+            method = writer[format](model, capture, staged, dynamic_batch, names, output_names)
             restore_training_modes(model, modes)  # the artifact is written; the model is no longer needed
             metadata = {
                 "trainwise_export": SIDECAR_VERSION,
@@ -255,6 +265,85 @@ def _input_names(model: nn.Module, count: int) -> list[str]:
 
 def _output_names(count: int) -> list[str]:
     return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+
+
+def _output_selection(outputs: Any) -> tuple[str, ...]:
+    """``outputs=`` as a tuple of field names; () when it is None."""
+    if outputs is None:
+        return ()
+    names = (outputs,) if isinstance(outputs, str) else tuple(outputs) if isinstance(outputs, (tuple, list)) else ()
+    if not names or not all(isinstance(name, str) and 0 < len(name) <= 200 for name in names):
+        raise TrainwiseError(
+            f"outputs must name the fields to export, e.g. outputs='logits' (or a tuple of names), got "
+            f"{repr(outputs)[:80]}."
+        )
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise TrainwiseError(f"outputs names {', '.join(map(repr, twice))} more than once; name each field once.")
+    return names
+
+
+class _OutputsError(TrainwiseError):
+    """``outputs=`` names a field that the model's output does not have as a tensor."""
+
+
+class _SelectOutputs(nn.Module):
+    """``model`` whose forward returns the named fields of its output (a ModelOutput, dict or dataclass): the
+    tensor itself for one name, a tuple for several. What :func:`export` exports for ``outputs=``."""
+
+    def __init__(self, model: nn.Module, names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.names = names
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        output = self.model(*inputs)
+        picked = tuple(_field(output, name) for name in self.names)
+        return picked[0] if len(picked) == 1 else picked
+
+
+def _field(output: Any, name: str) -> torch.Tensor:
+    if isinstance(output, Mapping):  # a ModelOutput is one too; a field that is None is not among its keys
+        value = output.get(name)
+    elif dataclasses.is_dataclass(output) and not isinstance(output, type):
+        value = getattr(output, name, None)
+    else:
+        raise _OutputsError(
+            f"outputs= selects fields of a ModelOutput, dict or dataclass, but the model returns "
+            f"{_a(type(output).__name__)}; drop outputs= and return a tensor or a tuple of tensors from forward()."
+        )
+    if not isinstance(value, torch.Tensor):
+        kind = type(output).__name__
+        what = "has no field" if value is None else f"has {_a(type(value).__name__)}, not a tensor, as"
+        fields = _tensor_fields(output)
+        choice = f"one of {', '.join(map(repr, fields))}" if fields else "a field that holds a tensor"
+        raise _OutputsError(f"the model's {kind} {what} {name!r}; pass outputs= {choice}.")
+    return value
+
+
+def _tensor_fields(output: Any) -> list[str]:
+    """The names of the tensor fields of a ModelOutput, dict or dataclass instance; [] for anything else."""
+    if isinstance(output, Mapping):
+        return [key for key, value in output.items() if isinstance(key, str) and isinstance(value, torch.Tensor)]
+    if dataclasses.is_dataclass(output) and not isinstance(output, type):
+        return [f.name for f in dataclasses.fields(output) if isinstance(getattr(output, f.name, None), torch.Tensor)]
+    return []
+
+
+_VOWEL_SOUND_LETTERS = "AEFHILMNORSX"  # the letters whose names start with a vowel sound: an MLP, an LSTM, a CNN
+
+
+def _a(word: str) -> str:
+    """``word`` after its indefinite article, chosen by sound: an ImageClassifierOutput, a SequenceClassifierOutput,
+    an int, a dict, an MLP, a USBDevice, a UnionType."""
+    if word[:2].isupper() and word[:2].isalpha():  # an acronym is spelled out letter by letter
+        return f"{'an' if word[0] in _VOWEL_SOUND_LETTERS else 'a'} {word}"
+    lower = word.lower()
+    if lower.startswith(("uni", "use", "usu", "uti", "eu", "one")):
+        return f"a {word}"
+    if lower.startswith(("hour", "honest", "honor", "heir")):
+        return f"an {word}"
+    return f"{'an' if lower[:1] in tuple('aeiou') else 'a'} {word}"
 
 
 def _example_batch(inputs: tuple[torch.Tensor, ...], names: list[str]) -> int:
@@ -334,6 +423,8 @@ def _eager(
     try:
         with torch.no_grad():
             output = model(*inputs)
+    except _OutputsError:
+        raise
     except Exception as exc:
         described = ", ".join(f"{n}: {_tensor_text(t)}" for n, t in zip(names, inputs))
         dtype, device = _model_dtype(model), _model_device(model)
@@ -348,11 +439,18 @@ def _eager(
     if isinstance(output, (tuple, list)) and output and all(isinstance(item, torch.Tensor) for item in output):
         return tuple(item.detach() for item in output), False
     kind = type(output).__name__
+    fields = _tensor_fields(output)
+    if fields:
+        several = " (or several names for a tuple of them)" if len(fields) > 1 else ""
+        raise TrainwiseError(
+            f"the model returns {_a(kind)} with the tensor fields {', '.join(fields)}, but an exported model returns "
+            f"a tensor or a tuple of tensors; pass outputs={fields[0]!r} to export that field{several}."
+        )
     if isinstance(output, (tuple, list)):
         inner = sorted({type(item).__name__ for item in output if not isinstance(item, torch.Tensor)})
         kind = f"{kind} holding {', '.join(inner) or 'nothing'}"
     raise TrainwiseError(
-        f"the model returns a {kind}, but an exported model returns a tensor or a tuple of tensors; make "
+        f"the model returns {_a(kind)}, but an exported model returns a tensor or a tuple of tensors; make "
         "forward() return that (or wrap the model in a module whose forward() does)."
     )
 
@@ -401,18 +499,30 @@ def _versions(format: str) -> dict[str, str]:
 # -- the three writers -------------------------------------------------------------------------------------
 
 
-def _dynamic_shapes(inputs: tuple[torch.Tensor, ...], dynamic: bool) -> tuple[dict[int, Any], ...] | None:
+def _dynamic_shapes(model: nn.Module, inputs: tuple[torch.Tensor, ...], dynamic: bool) -> tuple[Any, ...] | None:
+    """Dimension 0 of every input is the batch, laid out as forward()'s parameters take the inputs: a
+    ``forward(self, *inputs)`` (the ``outputs=`` wrapper's) takes them all as one argument."""
     if not dynamic:
         return None
     batch = torch.export.Dim("batch")  # one symbol shared by every input: they have the same batch
-    return tuple({0: batch} for _ in inputs)
+    shapes: list[Any] = [{0: batch} for _ in inputs]
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return tuple(shapes)
+    for position, parameter in enumerate(parameters[: len(shapes)]):
+        if parameter.kind is parameter.VAR_POSITIONAL:
+            return (*shapes[:position], tuple(shapes[position:]))
+        if parameter.kind not in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            break
+    return tuple(shapes)
 
 
 def _write_torch_export(
-    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, dynamic: bool, names: list[str], n_out: int
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, dynamic: bool, names: list[str], outputs: list[str]
 ) -> str:
     try:
-        program = torch.export.export(model, inputs, dynamic_shapes=_dynamic_shapes(inputs, dynamic))
+        program = torch.export.export(model, inputs, dynamic_shapes=_dynamic_shapes(model, inputs, dynamic))
     except Exception as exc:
         raise _explain(exc, "torch.export", dynamic) from exc
     # torch.export.save pickles tensor subclasses and custom objects, and load_exported refuses pickles (a .pt2
@@ -430,6 +540,19 @@ def _write_torch_export(
             "(e.g. tensor.as_subclass(torch.Tensor)) or use format='torchscript'."
         )
     torch.export.save(program, str(path))
+    try:  # the check load_exported makes: a refusal now names what to do, not "export again"
+        check_archive(path.read_bytes())
+    except Refused as refused:
+        if refused.fix:  # an operator of another library: exporting again would write it again
+            fix = (
+                "use format='torchscript' (a program, trusted like code), calling the operator through torch.ops "
+                "so that TorchScript records it, or write it with torch's own operators"
+            )
+        else:
+            fix = "use format='torchscript' meanwhile, and please report this as a trainwise bug"
+        raise TrainwiseError(
+            f"torch.export wrote a .pt2 that load_exported would refuse ({refused.entry} {refused.what}); {fix}."
+        ) from None
     return "export"
 
 
@@ -442,11 +565,13 @@ def _quiet_jit() -> Iterator[None]:
 
 
 def _write_torchscript(
-    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, dynamic: bool, names: list[str], n_out: int
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, dynamic: bool, names: list[str], outputs: list[str]
 ) -> str:
     method = "script"
     with _quiet_jit():
         try:
+            if isinstance(model, _SelectOutputs):
+                raise TrainwiseError("outputs= is exported by tracing: the field selection cannot be scripted")
             compiled = torch.jit.script(model)
         except Exception as exc:
             warnings.warn(
@@ -464,7 +589,14 @@ def _write_torchscript(
                     f"TorchScript can neither script ({_first_line(exc)}) nor trace ({_first_line(trace_exc)}) "
                     "this model; use format='torch.export'."
                 ) from trace_exc
-        torch.jit.save(compiled, str(path))
+        try:
+            torch.jit.save(compiled, str(path))
+        except Exception as exc:  # e.g. a traced call of a Python function, which TorchScript cannot store
+            reason = _first_line(exc).split(". ")[0]
+            raise TrainwiseError(
+                f"TorchScript cannot save the {'scripted' if method == 'script' else 'traced'} model "
+                f"({type(exc).__name__}: {reason}); use format='torch.export'."
+            ) from exc
     return method
 
 
@@ -481,7 +613,7 @@ def _quiet_onnx_logs() -> Iterator[None]:
 
 
 def _write_onnx(
-    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, dynamic: bool, names: list[str], n_out: int
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, dynamic: bool, names: list[str], outputs: list[str]
 ) -> str:
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     try:
@@ -493,8 +625,8 @@ def _write_onnx(
                 inputs,
                 str(path),
                 input_names=names,
-                output_names=_output_names(n_out),
-                dynamic_shapes=_dynamic_shapes(inputs, dynamic),
+                output_names=outputs,
+                dynamic_shapes=_dynamic_shapes(model, inputs, dynamic),
                 dynamo=True,
                 external_data=weights > _ONNX_WEIGHTS_INLINE_LIMIT,  # one self-contained file when it fits
                 verbose=False,
@@ -811,7 +943,7 @@ def _refuse_checkpoint(artifact: Path) -> None:
         if isinstance(value, torch.Tensor)
     }
     raise NotAnArtifactError(
-        f"{artifact} is a {what}, not an exported model; make an artifact from it with trainwise export "
+        f"{artifact} is {_a(what)}, not an exported model; make an artifact from it with trainwise export "
         f"{artifact} --model package.module:factory --example-shape N,... (or trainwise.export in Python).",
         path=artifact,
         kind=what,
@@ -907,102 +1039,19 @@ def _load_onnx(artifact: Path, metadata: dict[str, Any], device: torch.device | 
 
 
 # -- untrusted .pt2 archives ---------------------------------------------------------------------------------
-#
-# torch.export.load is not safe on a file from someone else: it unpickles with weights_only=False every weight or
-# constant whose config entry says use_pickle, every "opaque" constant, the legacy data/weights/<model>.pt and
-# data/constants/<model>.pt, the whole pre-2.8 layout, and the sample inputs whenever they fail the weights-only
-# unpickler; it loads AOTInductor shared libraries; it evaluates every symbolic shape expression with
-# sympy.sympify (Python eval); ExportedProgram.module() execs the archive's guards_code and pastes names from the
-# graph into generated Python source; and a graph node may name any torch.* callable (torch.os.system). So before
-# torch sees a byte, the archive must look exactly like what torch.export.save writes for a plain model: only
-# known entries, stored uncompressed, no pickles outside the weights-only sample inputs, aten/prims operators
-# only, and every name, expression and guard within a grammar that cannot express a call to anything else.
-
-_PT2_ROOT_ENTRIES = {"archive_format", "archive_version", "byteorder", ".data/version", ".data/serialization_id"}
-_PT2_WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
-_PT2_CONSTANTS_CONFIG = "data/constants/model_constants_config.json"
-_PT2_MODEL = "models/model.json"
-_PT2_SAMPLE_INPUTS = "data/sample_inputs/model.pt"
-_PT2_ENTRIES = _PT2_ROOT_ENTRIES | {_PT2_WEIGHTS_CONFIG, _PT2_CONSTANTS_CONFIG, _PT2_MODEL, _PT2_SAMPLE_INPUTS}
-_PT2_PAYLOAD = re.compile(r"data/weights/weight_\d{1,9}|data/constants/tensor_\d{1,9}")
-_PT2_EXTRA = re.compile(r"extra/[A-Za-z0-9_.\-]{1,200}")  # read back as plain text, never run
-_PT2_LEGACY = {  # the layout of torch <= 2.7, which torch.export.load still falls back to: all of it pickled
-    "version",
-    "serialized_exported_program.json",
-    "serialized_state_dict.pt",
-    "serialized_state_dict.json",
-    "serialized_constants.pt",
-    "serialized_constants.json",
-    "serialized_example_inputs.pt",
-}
-_PT2_JSON_LIMIT = 256 << 20  # bytes of one JSON entry
-_PT2_SAFE_NAME = re.compile(r"[A-Za-z0-9_.+\-]{0,1000}")  # tensor, parameter, node and symbol names
-_PT2_DUNDER = re.compile(r"(?:^|\.)__")  # self.__class__...: no name may reach Python's special attributes
-# Keys whose strings torch keeps as data (repr'd, split or json-parsed, never pasted into code): any text goes.
-_PT2_FREE_TEXT = {
-    "stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "custom", "from_node", "torch_version",
-    "as_string", "as_strings",
-}  # fmt: skip
-_PT2_HIGHER_ORDER = {
-    "cond", "while_loop", "map_impl", "scan", "associative_scan", "wrap_with_set_grad_enabled",
-    "wrap_with_autocast", "invoke_subgraph",
-}  # fmt: skip
-# aten operators that touch the file system or build tensors without their invariants being checked.
-_PT2_DENIED_OPS = re.compile(r"save|from_file|_print|_sparse_\w*_unsafe|_nested_view_from_\w+")
-_PT2_OPERATOR = re.compile(r"torch\.ops\.(aten|prims)\.([A-Za-z_]\w{0,200})\.([A-Za-z_]\w{0,200})")
-_PT2_HOP = re.compile(r"torch\.ops\.higher_order\.(\w{1,200})")
-_PT2_SYM_OPS = {  # what torch's serializer writes for the _SYM_OPS of torch._export.serde.serialize
-    *(f"_operator.{name}" for name in (
-        "add", "and_", "eq", "floordiv", "ge", "gt", "le", "lshift", "lt", "mod", "mul", "ne", "neg", "or_", "pos",
-        "pow", "rshift", "sub", "truediv",
-    )),
-    "math.trunc", "torch._sym_sqrt", "torch.sym_float", "torch.sym_int", "torch.sym_ite", "torch.sym_max",
-    "torch.sym_min", "torch.sym_not", "torch.sym_sqrt",
-}  # fmt: skip
-_SYMPY_CALLS = {
-    "Symbol", "Integer", "Float", "Rational", "Add", "Mul", "Pow", "Max", "Min", "Mod", "Abs", "floor", "ceiling",
-    "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "StrictLessThan", "StrictGreaterThan", "LessThan", "GreaterThan",
-    "Equality", "Unequality", "And", "Or", "Not", "Piecewise", "ExprCondPair", "sqrt",
-    # torch.utils._sympy.functions, as the deserializer hands them to sympify
-    "FloorDiv", "ModularIndexing", "Where", "PythonMod", "CleanDiv", "CeilToInt", "FloorToInt", "CeilDiv",
-    "LShift", "RShift", "PowByNatural", "FloatPow", "FloatTrueDiv", "IntTrueDiv", "IsNonOverlappingAndDenseIndicator",
-    "TruncToFloat", "TruncToInt", "RoundToInt", "RoundDecimal", "ToFloat", "Identity", "BitwiseFn_bitwise_and",
-    "BitwiseFn_bitwise_or", "BitwiseFn_bitwise_xor",
-    *(f"OpaqueUnaryFn_{name}" for name in (
-        "acos", "asin", "asinh", "atan", "cos", "cosh", "exp", "log", "log2", "sin", "sinh", "sqrt", "tan", "tanh",
-    )),
-}  # fmt: skip
-_SYMPY_CONSTANTS = {"oo", "zoo", "nan", "int_oo", "true", "false", "pi", "E"}
-_SYMPY_KEYWORDS = {
-    "integer", "positive", "negative", "nonnegative", "nonpositive", "real", "finite", "infinite", "zero",
-    "nonzero", "precision", "evaluate", "commutative", "rational", "extended_real", "extended_positive",
-    "extended_negative", "extended_nonnegative", "extended_nonpositive",
-}  # fmt: skip
-_SYMBOL_NAME = re.compile(r"[a-z]{1,8}\d{1,9}")  # s77, u0, ps3, zf1: torch's shape symbols
-_GUARD_CALLS = {"abs", "min", "max", "len", "int", "float", "IsNonOverlappingAndDenseIndicator"}
-_GUARD_METHODS = {"size", "stride", "storage_offset", "dim", "numel"}
-_GUARD_MATH = {"isnan", "isinf", "isfinite", "floor", "ceil", "trunc", "sqrt", "inf"}
-_EXPR_LIMIT = 20_000  # characters of one expression or guard
-_POW_LIMIT = 64  # largest literal exponent: Pow(Integer(10), Integer(10**9)) would hang the loader
-
-
-class _Refused(Exception):
-    """An archive that must not reach torch.export.load: ``entry`` and a phrase saying what it holds."""
-
-    def __init__(self, entry: str, what: str, *, unsafe: bool = True) -> None:
-        super().__init__(entry, what)
-        self.entry, self.what, self.unsafe = entry, what, unsafe
 
 
 def _check_pt2(data: bytes, artifact: Path) -> None:
-    """Raise TrainwiseError (one sentence naming the entry) unless ``data`` is a plain torch.export.save archive."""
+    """Raise TrainwiseError (one sentence naming the entry) unless ``data`` is a plain torch.export.save archive
+    (trainwise.export_check says what that means)."""
     try:
-        _check_pt2_archive(data)
-    except _Refused as refused:
+        check_archive(data)
+    except Refused as refused:
         if refused.unsafe:
+            fix = refused.fix or "export the model again with trainwise export"
             raise TrainwiseError(
                 f"refusing to load {artifact}: {refused.entry} {refused.what}, a way for a crafted file to run "
-                "code; export the model again with trainwise export."
+                f"code; {fix}."
             ) from None
         raise TrainwiseError(
             f"{artifact} is not a readable .pt2 archive ({refused.entry} {refused.what}); export the model again "
@@ -1010,353 +1059,6 @@ def _check_pt2(data: bytes, artifact: Path) -> None:
         ) from None
     except Exception as exc:  # zipfile, miniz and json on damaged bytes: nothing of the archive has run
         raise _unreadable(artifact, ".pt2 (torch.export)", exc) from None
-
-
-def _check_pt2_archive(data: bytes) -> None:
-    if not data:
-        raise _Refused("the file", "is empty", unsafe=False)
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-    except zipfile.BadZipFile:
-        raise _Refused("the file", "is not a zip archive", unsafe=False) from None
-    with archive:
-        infos = archive.infolist()
-        if not infos:
-            raise _Refused("the archive", "has no entries", unsafe=False)
-        root = infos[0].filename.split("/", 1)[0] if "/" in infos[0].filename else ""
-        names: dict[str, zipfile.ZipInfo] = {}
-        for info in infos:
-            name = _pt2_entry_name(info.filename, root)
-            if name in names:
-                raise _Refused(info.filename, "appears twice in the archive")
-            if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
-                raise _Refused(
-                    info.filename, "is compressed or encrypted, which torch.export.save never writes", unsafe=False
-                )
-            names[name] = info
-    for required in (*sorted(_PT2_ROOT_ENTRIES - {".data/serialization_id"}), _PT2_MODEL, _PT2_WEIGHTS_CONFIG,
-                     _PT2_CONSTANTS_CONFIG, _PT2_SAMPLE_INPUTS):  # fmt: skip
-        if required not in names:
-            raise _Refused(required, "is missing", unsafe=False)
-    # torch reads the archive with its own zip reader (miniz): it must see exactly the entries checked here.
-    reader = torch._C.PyTorchFileReader(io.BytesIO(data))
-    if set(reader.get_all_records()) != set(names):
-        raise _Refused("the zip directory", "lists other entries than torch's own zip reader sees")
-
-    def record(name: str) -> bytes:
-        if reader.get_record_size(name) > _PT2_JSON_LIMIT:
-            raise _Refused(name, "is too large", unsafe=False)
-        return reader.get_record(name)
-
-    if record("archive_format") != b"pt2":
-        raise _Refused("archive_format", "does not say pt2", unsafe=False)
-    if record("archive_version") != b"0":
-        raise _Refused("archive_version", "is not 0, the version this check knows", unsafe=False)
-    sizes = {name: reader.get_record_size(name) for name in names if _PT2_PAYLOAD.fullmatch(name)}
-    _check_payload_config(record, _PT2_WEIGHTS_CONFIG, "data/weights/", "weight_", sizes)
-    _check_payload_config(record, _PT2_CONSTANTS_CONFIG, "data/constants/", "tensor_", sizes)
-    _check_sample_inputs(record(_PT2_SAMPLE_INPUTS))
-    _check_program(_json_entry(record, _PT2_MODEL))
-
-
-def _pt2_entry_name(filename: str, root: str) -> str:
-    """The entry's name below the archive's root folder, if it is one torch.export.save writes."""
-    if not root or not filename.startswith(root + "/"):
-        what = (
-            "belongs to the pre-2.8 layout, which torch would unpickle with weights_only=False"
-            if filename in _PT2_LEGACY
-            else "lies outside the archive's root folder"
-        )
-        raise _Refused(repr(filename), what, unsafe=filename in _PT2_LEGACY)
-    name = filename[len(root) + 1 :]
-    if name in _PT2_ENTRIES or _PT2_PAYLOAD.fullmatch(name) or _PT2_EXTRA.fullmatch(name):
-        return name
-    if name.startswith("data/aotinductor/"):
-        what = "is AOTInductor native code that torch would load as a shared library"
-    elif "custom_obj_" in name or "opaque_obj_" in name:
-        what = "is a pickled object that torch would unpickle with weights_only=False"
-    elif name in ("data/weights/model.pt", "data/constants/model.pt") or name in _PT2_LEGACY:
-        what = "is a legacy-layout pickle that torch would unpickle with weights_only=False"
-    else:
-        raise _Refused(repr(name), "is not an entry torch.export.save writes for a plain model", unsafe=False)
-    raise _Refused(repr(name), what)
-
-
-def _json_entry(record: Callable[[str], bytes], name: str) -> Any:
-    try:
-        return json.loads(record(name).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise _Refused(name, f"is not JSON ({_first_line(exc)})", unsafe=False) from None
-
-
-def _check_payload_config(
-    record: Callable[[str], bytes], name: str, folder: str, prefix: str, sizes: dict[str, int]
-) -> None:
-    """Every entry a raw tensor (never ``use_pickle``) whose bytes are all in the archive."""
-    config = _json_entry(record, name)
-    entries = config.get("config") if isinstance(config, dict) else None
-    if not isinstance(entries, dict):
-        raise _Refused(name, "has no config mapping", unsafe=False)
-    dtypes: dict[str, Any] = {}
-    for fqn, meta in entries.items():
-        where = f"{name} entry {str(fqn)[:80]!r}"
-        if not _is_safe_name(fqn):
-            raise _Refused(where, "is not a plain attribute path, yet torch would set it on a module")
-        if not isinstance(meta, dict) or not isinstance(meta.get("path_name"), str):
-            raise _Refused(where, "has no path_name", unsafe=False)
-        path = meta["path_name"]
-        if meta.get("use_pickle") is not False:
-            raise _Refused(where, f"asks torch to unpickle {folder}{path[:80]} with weights_only=False (use_pickle)")
-        if not path.startswith(prefix) or f"{folder}{path}" not in sizes:
-            raise _Refused(where, f"points to {folder}{path[:80]!r}, which is not a tensor file of the archive")
-        dtype, nbytes = _check_tensor_meta(meta.get("tensor_meta"), where)
-        if dtypes.setdefault(path, dtype) is not dtype:
-            raise _Refused(where, "reads a shared tensor file with another dtype", unsafe=False)
-        if nbytes > sizes[f"{folder}{path}"]:
-            raise _Refused(where, "describes a tensor larger than its file", unsafe=False)
-
-
-def _check_tensor_meta(meta: Any, where: str) -> tuple[torch.dtype, int]:
-    """The dtype and the bytes the strided tensor spans (0 when empty); plain integers only, no expressions."""
-    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
-
-    if not isinstance(meta, dict):
-        raise _Refused(where, "has no tensor_meta", unsafe=False)
-    dtype = _SERIALIZE_TO_TORCH_DTYPE.get(meta.get("dtype")) if isinstance(meta.get("dtype"), int) else None
-    if dtype is None:
-        raise _Refused(where, "has an unknown dtype", unsafe=False)
-
-    def ints(value: Any) -> list[int]:
-        items = value if isinstance(value, list) else None
-        if items is None or len(items) > 64:
-            raise _Refused(where, "has malformed sizes or strides", unsafe=False)
-        numbers = [item.get("as_int") if isinstance(item, dict) and len(item) == 1 else None for item in items]
-        if not all(type(number) is int and 0 <= number < 1 << 62 for number in numbers):
-            raise _Refused(where, "has sizes or strides that are not plain non-negative integers", unsafe=False)
-        return numbers  # type: ignore[return-value]
-
-    sizes, strides, (offset,) = ints(meta.get("sizes")), ints(meta.get("strides")), ints([meta.get("storage_offset")])
-    if len(sizes) != len(strides):
-        raise _Refused(where, "has a different number of sizes and strides", unsafe=False)
-    if any(size == 0 for size in sizes):
-        return dtype, 0
-    last = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides))
-    return dtype, (last + 1) * dtype.itemsize
-
-
-def _check_sample_inputs(data: bytes) -> None:
-    """torch tries weights_only=True first and falls back to weights_only=False: the first must succeed here."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            sample = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-    except Exception:
-        raise _Refused(
-            _PT2_SAMPLE_INPUTS, "fails the weights-only unpickler, so torch would unpickle it with weights_only=False"
-        ) from None
-    if not (isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[1], dict)):
-        raise _Refused(_PT2_SAMPLE_INPUTS, "is not an (args, kwargs) pair", unsafe=False)
-    stack = [sample]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            for key, value in item.items():
-                if not (isinstance(key, str) and key.isidentifier()):
-                    raise _Refused(
-                        _PT2_SAMPLE_INPUTS, f"has the keyword {str(key)[:80]!r}, which torch pastes into code"
-                    )
-                stack.append(value)
-        elif isinstance(item, (tuple, list)):
-            stack.extend(item)
-        elif not (item is None or isinstance(item, (torch.Tensor, bool, int, float))):
-            raise _Refused(_PT2_SAMPLE_INPUTS, f"holds a {type(item).__name__}", unsafe=False)
-
-
-def _check_program(program: Any) -> None:
-    """Walk models/model.json: every string that reaches code is a plain name, operator, expression or guard."""
-    if not isinstance(program, dict):
-        raise _Refused(_PT2_MODEL, "is not a JSON object", unsafe=False)
-    guards = program.get("guards_code", [])
-    if not (isinstance(guards, list) and all(isinstance(guard, str) for guard in guards)):
-        raise _Refused(_PT2_MODEL, "has a guards_code that is not a list of strings", unsafe=False)
-    for guard in guards:
-        if not _is_plain_guard(guard):
-            raise _Refused(
-                f"{_PT2_MODEL} guards_code {guard[:80]!r}", "is not a plain shape check, yet torch would exec it"
-            )
-    stack: list[tuple[str, Any]] = [("", program)]
-    while stack:
-        key, value = stack.pop()
-        if key in _PT2_FREE_TEXT or key == "guards_code":
-            continue
-        if key == "expr_str":
-            if not (isinstance(value, str) and _is_plain_sympy(value)):
-                raise _Refused(
-                    f"{_PT2_MODEL} expr_str {str(value)[:80]!r}",
-                    "is not a plain sympy expression, yet torch would eval it",
-                )
-        elif key in ("in_spec", "out_spec", "context") and isinstance(value, str):
-            try:
-                parsed = json.loads(value)
-            except (ValueError, RecursionError):
-                raise _Refused(_PT2_MODEL, f"has a {key} that is not JSON", unsafe=False) from None
-            stack.append(("", parsed))
-        elif key in ("target", "as_operator"):  # only graph nodes have a target
-            _check_target(value)
-        elif key in ("as_custom_obj", "custom_obj", "custom_obj_values") and value:
-            raise _Refused(_PT2_MODEL, "uses a custom (torchbind) object that torch would rebuild from a pickle")
-        elif isinstance(value, dict):
-            for child_key, child in value.items():
-                if not _is_safe_name(child_key):
-                    raise _Refused(
-                        _PT2_MODEL, f"has the name {child_key[:80]!r}, which torch would paste into Python code"
-                    )
-                stack.append((child_key, child))
-        elif isinstance(value, list):
-            stack.extend((key, child) for child in value)
-        elif isinstance(value, str) and not _is_safe_name(value):
-            raise _Refused(_PT2_MODEL, f"has the name {value[:80]!r}, which torch would paste into Python code")
-
-
-def _is_safe_name(text: str) -> bool:
-    return bool(_PT2_SAFE_NAME.fullmatch(text)) and not _PT2_DUNDER.search(text)
-
-
-def _check_target(target: Any) -> None:
-    """aten and prims operators (not the file-touching ones), a few control-flow operators, and symbolic math."""
-    if not isinstance(target, str):
-        raise _Refused(_PT2_MODEL, "has a node without an operator name", unsafe=False)
-    if target in _PT2_SYM_OPS:
-        return
-    hop = _PT2_HOP.fullmatch(target)
-    if hop and hop.group(1) in _PT2_HIGHER_ORDER:
-        return
-    match = _PT2_OPERATOR.fullmatch(target)
-    if match is None or "__" in target:
-        raise _Refused(f"{_PT2_MODEL} node {target[:80]!r}", "calls something other than a PyTorch operator")
-    namespace, op, overload = match.groups()
-    if _PT2_DENIED_OPS.fullmatch(op):
-        raise _Refused(
-            f"{_PT2_MODEL} node {target!r}", "calls an operator that touches files or skips its own safety checks"
-        )
-    try:
-        resolved = getattr(getattr(getattr(torch.ops, namespace), op), overload)
-    except (AttributeError, RuntimeError):
-        resolved = None
-    if not isinstance(resolved, torch._ops.OpOverload):
-        raise _Refused(f"{_PT2_MODEL} node {target!r}", "is not an operator of this torch", unsafe=False)
-
-
-def _parse_expression(text: str) -> ast.Expression | None:
-    if len(text) > _EXPR_LIMIT:
-        return None
-    try:
-        return ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-
-
-_ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.BitAnd, ast.BitOr, ast.BitXor)
-_COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
-_UNARY = (ast.USub, ast.UAdd, ast.Not, ast.Invert)
-
-
-def _small_power(node: ast.BinOp | ast.Call) -> bool:
-    exponent = node.right if isinstance(node, ast.BinOp) else (node.args[1] if len(node.args) > 1 else None)
-    if isinstance(exponent, ast.Call) and exponent.args:  # Integer(3)
-        exponent = exponent.args[0]
-    if isinstance(exponent, ast.UnaryOp):
-        exponent = exponent.operand
-    return not isinstance(exponent, ast.Constant) or (
-        isinstance(exponent.value, (int, float)) and abs(exponent.value) <= _POW_LIMIT
-    )
-
-
-def _is_plain_sympy(text: str) -> bool:
-    """What ``sympy.srepr`` writes for shape expressions: whitelisted constructors, numbers, symbol names."""
-    tree = _parse_expression(text)
-    if tree is None:
-        return False
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Expression, ast.Load, *_ARITHMETIC, *_COMPARISONS, *_UNARY, ast.UnaryOp, ast.Compare)):
-            continue
-        if isinstance(node, ast.BinOp):
-            if not isinstance(node.op, _ARITHMETIC) or (isinstance(node.op, ast.Pow) and not _small_power(node)):
-                return False
-        elif isinstance(node, ast.Call):
-            if not (isinstance(node.func, ast.Name) and node.func.id in _SYMPY_CALLS):
-                return False
-            if node.func.id in ("Pow", "PowByNatural", "FloatPow") and not _small_power(node):
-                return False
-            if node.func.id in ("Symbol", "Float", "Integer", "Rational"):
-                for arg in node.args:  # only these take strings, and only names or numbers
-                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                        if not _PT2_SAFE_NAME.fullmatch(arg.value) or len(arg.value) > 100:
-                            return False
-                        arg.value = 0  # checked; the Constant rule below then allows it
-        elif isinstance(node, ast.keyword):
-            if node.arg not in _SYMPY_KEYWORDS or not isinstance(node.value, ast.Constant):
-                return False
-        elif isinstance(node, ast.Name):
-            if not (node.id in _SYMPY_CALLS or node.id in _SYMPY_CONSTANTS or _SYMBOL_NAME.fullmatch(node.id)):
-                return False
-        elif isinstance(node, ast.Constant):
-            if type(node.value) not in (int, float, bool) or (type(node.value) is int and abs(node.value) >= 1 << 64):
-                return False
-        else:
-            return False
-    return True
-
-
-def _is_plain_guard(text: str) -> bool:
-    """Shape checks such as ``L['x'].size()[0] == L['w'].size()[0]`` or ``2 <= L['x'].size()[0]``."""
-    tree = _parse_expression(text)
-    if tree is None:
-        return False
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Expression, ast.Load, *_ARITHMETIC, *_COMPARISONS, *_UNARY, ast.UnaryOp, ast.Compare)):
-            continue
-        if isinstance(node, (ast.BoolOp, ast.And, ast.Or)):
-            continue
-        if isinstance(node, ast.BinOp):
-            if isinstance(node.op, ast.Pow) and not _small_power(node):
-                return False
-        elif isinstance(node, ast.Subscript):
-            key = node.slice
-            if isinstance(node.value, ast.Name) and node.value.id == "L":
-                if not (isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value.isidentifier()):
-                    return False
-                key.value = 0  # checked: the input's name
-            elif not (isinstance(key, ast.Constant) and type(key.value) is int):
-                return False
-        elif isinstance(node, ast.Call):
-            func = node.func
-            if node.keywords:
-                return False
-            if isinstance(func, ast.Name):
-                if func.id not in _GUARD_CALLS:
-                    return False
-            elif isinstance(func, ast.Attribute):
-                if not (func.attr in _GUARD_METHODS or (_is_math(func.value) and func.attr in _GUARD_MATH)):
-                    return False
-            else:
-                return False
-        elif isinstance(node, ast.Attribute):
-            if not (node.attr in _GUARD_METHODS or (_is_math(node.value) and node.attr in _GUARD_MATH)):
-                return False
-        elif isinstance(node, ast.Name):
-            if node.id not in ("L", "math", "inf") and node.id not in _GUARD_CALLS:
-                return False
-        elif isinstance(node, ast.Constant):
-            if type(node.value) not in (int, float, bool) or (type(node.value) is int and abs(node.value) >= 1 << 64):
-                return False
-        else:
-            return False
-    return True
-
-
-def _is_math(node: ast.AST) -> bool:
-    return isinstance(node, ast.Name) and node.id == "math"
 
 
 def _check_inputs(inputs: tuple[Any, ...], specs: list[dict[str, Any]] | None, artifact: Path) -> None:

@@ -165,6 +165,18 @@ def _aten_save(entries, marker, state):
     _node("torch.ops.aten.save.default", args)(entries, marker, state)
 
 
+def _custom_library(entries, marker, state):
+    """An operator of a library other than torch's own: this process could register anything under that name."""
+    _node("torch.ops.evil_lib.touch.default", [{"name": "path", "arg": {"as_string": str(marker)}, "kind": 1}])(
+        entries, marker, state
+    )
+
+
+def _dunder_path(entries, marker, state):
+    """A name shaped like an operator whose getattr steps reach Python's special attributes instead."""
+    _node("torch.ops.aten.__class__.__init__", [])(entries, marker, state)
+
+
 def _python_function(entries, marker, state):
     _node("torch.os.mkdir", [{"name": "path", "arg": {"as_string": str(marker)}, "kind": 1}])(entries, marker, state)
 
@@ -203,6 +215,8 @@ ATTACKS = {
     "sym-expr": (_sym_expr, "expr_str", True),
     "aten-save": (_aten_save, "aten.save", False),
     "python-function": (_python_function, "torch.os.mkdir", False),
+    "custom-library": (_custom_library, "the library 'evil_lib'", False),
+    "dunder-path": (_dunder_path, "torch.ops.aten.__class__.__init__", False),
     "native-library": (_native_library, "data/aotinductor/", False),
     "code-in-a-name": (_code_in_a_name, MODEL, False),
     "legacy-layout": (_legacy_layout, "version", False),
@@ -491,3 +505,104 @@ def test_shape_expressions_that_could_run_code_are_refused(expression):
     from trainwise.exporting import _is_plain_sympy
 
     assert not _is_plain_sympy(expression)
+
+
+# -- operator names: what the registry has, not what a name pattern allows ------------------------------------------
+
+
+def _targets(path: pathlib.Path) -> set[str]:
+    found = set()
+
+    def walk(node, key=""):
+        if isinstance(node, dict):
+            for child_key, child in node.items():
+                walk(child, child_key)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child, key)
+        elif key in ("target", "as_operator"):
+            found.add(node)
+
+    walk(_json(_entries(path)[1], MODEL))
+    return found
+
+
+class _Masks(nn.Module):
+    """Bitwise tensor operators (as in attention masks) and a shape computed from the dynamic batch."""
+
+    def forward(self, x):
+        keep = ((x > 0) & (x < 1)) | ~(x > -1) ^ (x > 2)
+        return x.masked_fill(keep, 0.0).reshape(x.shape[0] * 2, -1)
+
+
+def test_every_operator_of_a_real_export_passes_and_loads(tmp_path):
+    """aten.__and__.Tensor and friends are real operators: the artifact that export writes loads back."""
+    path = tmp_path / "masks.pt2"
+    trainwise.export(_Masks(), torch.randn(2, 4), path)
+    targets = _targets(path)
+    assert {"torch.ops.aten.__and__.Tensor", "torch.ops.aten.__or__.Tensor", "torch.ops.aten.__xor__.Tensor"} <= targets
+    assert "_operator.mul" in targets  # symbolic math on the dynamic batch
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(load_exported(path)(x), _Masks()(x))
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "torch.ops.aten.__and__.Tensor",
+        "torch.ops.aten.__or__.Scalar",
+        "torch.ops.aten.__lshift__.Tensor",
+        "torch.ops.aten.linear.default",
+        "torch.ops.aten.sym_size.int",
+        "torch.ops.prims.add.default",
+        "torch.ops.higher_order.cond",
+        "_operator.add",
+        "_operator.floordiv",
+        "math.trunc",
+        "torch.sym_max",
+        "torch._sym_sqrt",
+    ],
+)
+def test_registered_operators_and_symbolic_math_pass(target):
+    from trainwise.export_check import check_target
+
+    check_target(target)
+
+
+@pytest.mark.parametrize(
+    ("target", "unsafe", "fragment"),
+    [
+        ("torch.ops.aten.__class__.__init__", True, "would reach Python attributes"),
+        ("torch.ops.aten.__getattr__.default", True, "would reach Python attributes"),
+        ("torch.ops.aten.__and__.__class__", True, "would reach Python attributes"),
+        ("torch.ops.aten.add.__call__", True, "would reach Python attributes"),
+        ("torch.ops.aten.no_such_operator.default", False, "not an operator of this torch"),
+        ("torch.ops.aten.__and__.NoSuchOverload", False, "not an operator of this torch"),
+        ("torch.ops.evil_lib.touch.default", True, "the library 'evil_lib'"),
+        ("torch.ops.higher_order.run_anything", True, "something other than a PyTorch operator"),
+        ("torch.ops.aten.save.default", True, "touches files"),
+        ("torch.ops.aten.from_file.default", True, "touches files"),
+        ("torch.os.system", True, "something other than a PyTorch operator"),
+        ("_operator.getitem", True, "something other than a PyTorch operator"),
+        ("_operator.attrgetter", True, "something other than a PyTorch operator"),
+        ("builtins.exec", True, "something other than a PyTorch operator"),
+        ("#evil_extension", True, "something other than a PyTorch operator"),
+        ("torch.ops.aten.add", True, "something other than a PyTorch operator"),
+    ],
+)
+def test_names_that_only_look_like_operators_are_refused(target, unsafe, fragment):
+    from trainwise.export_check import Refused, check_target
+
+    with pytest.raises(Refused) as refused:
+        check_target(target)
+    assert refused.value.unsafe is unsafe and fragment in refused.value.what
+
+
+def test_an_operator_of_another_library_is_refused_with_what_to_do_instead(base, tmp_path):
+    path, _ = _build(base, tmp_path, "custom-library")
+    with pytest.raises(TrainwiseError) as caught:
+        load_exported(path)
+    message = str(caught.value)
+    assert "refusing to load" in message and "not of torch's own aten or prims" in message
+    assert "export the model again" not in message  # exporting again would write the same operator
+    assert "torch.export.load only in a process that registers that operator" in message

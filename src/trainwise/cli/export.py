@@ -3,6 +3,7 @@
     trainwise export --demo                                                 # the demo CNN -> digits-cnn.pt2
     trainwise export runs/x/best-weights.pt --demo --format onnx
     trainwise export ckpt.pt --model mypkg.models:make_net --example-shape 1,3,32,32 --format torchscript
+    trainwise export --model mypkg.models:make_bert --example-shape 1,16 --example-dtype int64 --outputs logits
     trainwise predict digits-cnn.pt2 batch.npy                              # prints outputs (and argmax)
     trainwise predict digits-cnn.pt2 batch.npy --output logits.npy
 
@@ -48,6 +49,10 @@ def register(sub: Any) -> None:
         help="artifact path (default: RUN/model.pt2 for RUN/checkpoints/*.pt, else the checkpoint's name)",
     )
     exporter.add_argument("--static-batch", action="store_true", help="fix the batch size to the example's")
+    exporter.add_argument(
+        "--outputs", metavar="NAME[,NAME...]",
+        help="export these fields of a model that returns a ModelOutput, dict or dataclass (e.g. logits)",
+    )
     exporter.add_argument("--atol", type=float, default=None, help="absolute tolerance of the parity check")
     exporter.add_argument("--rtol", type=float, default=None, help="relative tolerance of the parity check")
     exporter.add_argument("--json", action="store_true", help="print the export report as one JSON line")
@@ -114,6 +119,7 @@ def run_export(args: argparse.Namespace) -> int:
             dynamic_batch=not args.static_batch,
             atol=args.atol,
             rtol=args.rtol,
+            outputs=parse_outputs(args.outputs),
         )
     sys.stderr.write(held.getvalue())  # warnings of an export that worked; a failed one says it in one line
     if checkpoint is None and not args.json:
@@ -164,6 +170,18 @@ def _torch_output_held() -> Any:
             yield held
     finally:
         logging.disable(level)
+
+
+def parse_outputs(text: str | None) -> tuple[str, ...] | None:
+    """``"logits"`` -> ``("logits",)``, ``"logits,pooler_output"`` -> both; None without ``--outputs``."""
+    if text is None:
+        return None
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(names):
+        raise TrainwiseError(
+            f"--outputs {text!r} has an empty name; write field names separated by commas, e.g. logits,pooler_output."
+        )
+    return names
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -225,7 +243,9 @@ def _build_model(spec: str, kwargs: dict[str, Any]) -> Any:
             with contextlib.suppress(ValueError):
                 sys.path.remove(cwd)
     if not isinstance(model, torch.nn.Module):
-        raise TrainwiseError(f"--model {spec} returned a {type(model).__name__}; it must return a torch.nn.Module.")
+        from trainwise.exporting import _a
+
+        raise TrainwiseError(f"--model {spec} returned {_a(type(model).__name__)}; it must return a torch.nn.Module.")
     return model
 
 
@@ -316,6 +336,7 @@ def _export_first(exc: Any, source: Path, format: str | None) -> str:
     import shlex
 
     from trainwise.errors import printable
+    from trainwise.exporting import _a
 
     checkpoint: Path = exc.path
     spec, kwargs = _model_of(checkpoint, exc.shapes)
@@ -337,7 +358,7 @@ def _export_first(exc: Any, source: Path, format: str | None) -> str:
     predict = ["trainwise", "predict", str(output), str(source)]
     guess = "" if spec else " (with the factory that builds your model)"
     return printable(
-        f"{checkpoint} is a {exc.kind}, not an exported model; make an artifact from it with "
+        f"{checkpoint} is {_a(exc.kind)}, not an exported model; make an artifact from it with "
         f"`{shlex.join(command)}`{guess}, then run `{shlex.join(predict)}`.",
         2000,
     )

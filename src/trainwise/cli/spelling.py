@@ -27,7 +27,7 @@ _FLAGS: dict[str, dict[str, str]] = {
         "epochs": "--epochs",
         "seed": "--seed",
     },
-    "export": {"format": "--format", "atol": "--atol", "rtol": "--rtol"},
+    "export": {"format": "--format", "atol": "--atol", "rtol": "--rtol", "outputs": "--outputs"},
     "predict": {"format": "--format"},
 }
 # Keyword and value that read as a flag of their own.
