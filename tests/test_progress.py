@@ -284,3 +284,16 @@ def test_bar_messages_are_not_wrapped_by_rich(monkeypatch, clock):
     bar.message(line)
     bar.close()
     assert line in stream.getvalue()
+
+
+def test_the_run_starts_with_the_device_and_the_precision_and_their_reasons(tmp_path, capsys):
+    import torch
+
+    import trainwise as tw
+
+    data = [(torch.randn(4, 3), torch.randint(0, 2, (4,)))]
+    tw.Trainer(epochs=1, progress="lines", checkpoints=False, plot=False, device="cpu", precision="auto",
+               run_dir=str(tmp_path / "run")).fit(lambda: torch.nn.Linear(3, 2), data)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == ("training on cpu (asked for explicitly) in fp32 "
+                     "(cpu device: autocast would not speed training up)")

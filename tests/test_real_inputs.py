@@ -175,11 +175,29 @@ def test_labels_are_never_passed_to_a_model_that_does_not_take_them(tmp_path):
             super().__init__()
             self.net = nn.Linear(FEATURES, CLASSES)
 
-        def forward(self, x, **extra):  # **kwargs does not count as taking labels
-            assert "labels" not in extra
+        def forward(self, x):  # labels= would be a TypeError
             return self.net(x)
 
-    _trainer(tmp_path, epochs=1).fit(Plain(), _feature_batches())
+    result = _trainer(tmp_path, epochs=1).fit(Plain(), _feature_batches())
+    assert "train_accuracy" in result.last
+
+
+def test_a_forward_with_kwargs_gets_the_labels_and_a_tensor_it_returns_is_logits(tmp_path):
+    """**kwargs accepts labels (peft's PeftModel forwards them so): passed; logits returned: cross-entropy."""
+    seen = []
+
+    class Plain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(FEATURES, CLASSES)
+
+        def forward(self, x, **extra):
+            seen.append(sorted(extra))
+            return self.net(x)
+
+    result = _trainer(tmp_path, epochs=1).fit(Plain(), _feature_batches())
+    assert seen and all(keys == ["labels"] for keys in seen)
+    assert "train_accuracy" in result.last
 
 
 def test_an_explicit_loss_fn_wins_over_the_models_loss(tmp_path):

@@ -152,7 +152,7 @@ def test_loss_that_is_not_a_scalar(tmp_path):
 
 
 def test_unsupported_batch(tmp_path):
-    with pytest.raises(TrainwiseError, match="unsupported type"):
+    with pytest.raises(TrainwiseError, match=r"could not be collated into a batch .*found <class 'object'>"):
         _trainer(tmp_path).fit(_mlp(), [[object(), torch.zeros(2)]])
 
 

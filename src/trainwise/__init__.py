@@ -56,6 +56,7 @@ _EXPORTS = {
     "check_finite_everywhere": "trainwise.guards.loss",
     "check_optimizer_covers": "trainwise.guards.loss",
     "count_items": "trainwise.batches",
+    "data_kind": "trainwise.data",
     "detect_overfitting": "trainwise.diagnosis",
     "evaluate": "trainwise.evaluation",
     "evaluating": "trainwise.evaluation",
@@ -155,6 +156,7 @@ __all__ = [
     "check_finite_everywhere",
     "check_optimizer_covers",
     "count_items",
+    "data_kind",
     "detect_overfitting",
     "evaluate",
     "evaluating",
@@ -238,7 +240,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
     )
     from trainwise.checkpoint.weights import LoadReport, WeightsMismatchError, load_weights, save_weights
     from trainwise.config import TrainerConfig
-    from trainwise.data import evaluation_loader, training_loader
+    from trainwise.data import data_kind, evaluation_loader, training_loader
     from trainwise.device import DeviceChoice, PrecisionPolicy, move_to_device, resolve_device, resolve_precision
     from trainwise.diagnosis import OverfittingReport, detect_overfitting
     from trainwise.distributed import (

@@ -12,6 +12,12 @@ The rules, in the order they apply (docs/hand-written-loop.md has them with exam
 - The loss is ``loss_fn(logits, target)`` when a ``loss_fn`` was given; else the model's own loss when it
   returned one (``.loss``, ``["loss"]``, or the first item of a tuple when it received labels); else
   cross-entropy on the logits.
+- With ``count="tokens"`` the count is what the loss averages over. A model's own loss is measured once per
+  model against the logits: cross-entropy over the labels as they are (masked LMs, token classifiers,
+  encoder-decoders) or shifted by one (causal LMs, where position t predicts label t+1, so a sequence
+  counts ``labels[..., 1:] != ignore_index``). A loss that is neither is refused: pass ``loss_fn``.
+- A target of ``None`` (``split_batch=lambda batch: (batch, None)``, for losses without targets such as
+  contrastive ones) counts the batch's samples from its inputs.
 """
 
 from __future__ import annotations
@@ -19,12 +25,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import math
+import sys
+import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from trainwise.device import move_to_device
+from trainwise.distributed import is_padding, padding_forward, padding_outputs, zero_rows
 from trainwise.errors import TrainwiseError
 from trainwise.wrappers import unwrap_model
 
@@ -50,7 +61,8 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
         if target_key is None:
             raise TrainwiseError(
                 f"a batch with keys {sorted(map(str, batch))} has no target; name it "
-                f"{', '.join(map(repr, TARGET_KEYS))} {_SPLIT_FIX}."
+                f"{', '.join(map(repr, TARGET_KEYS))} {_SPLIT_FIX} (for a loss without a target, "
+                "split_batch=lambda batch: (batch, None) with loss_fn=...)."
             )
         inputs = {k: v for k, v in batch.items() if k != target_key}
         if not inputs:
@@ -66,7 +78,7 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
 class _Signature:
     names: frozenset[str]  # parameters that can be passed by keyword
     any_keyword: bool  # forward(**kwargs)
-    takes_labels: bool  # a parameter named labels (not **kwargs)
+    takes_labels: bool  # a parameter named labels, or **kwargs (a wrapper such as peft's PeftModel)
     positional: int  # parameters that can be passed positionally (-1: *args)
     text: str
 
@@ -83,14 +95,14 @@ def _signature(model: Any) -> _Signature:
         try:
             parameters = list(inspect.signature(forward).parameters.values())
         except (TypeError, ValueError):  # a builtin: no signature to read, call it as it is
-            found = _Signature(frozenset(), True, False, -1, "(...)")
+            found = _Signature(frozenset(), True, False, -1, "(...)")  # no labels: it may not take keywords
         else:
             kinds = inspect.Parameter
             keyword = (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
             found = _Signature(
                 names=frozenset(p.name for p in parameters if p.kind in keyword),
                 any_keyword=any(p.kind is kinds.VAR_KEYWORD for p in parameters),
-                takes_labels=any(p.name == "labels" and p.kind is not kinds.VAR_KEYWORD for p in parameters),
+                takes_labels=any(p.name == "labels" or p.kind is kinds.VAR_KEYWORD for p in parameters),
                 positional=-1 if any(p.kind is kinds.VAR_POSITIONAL for p in parameters) else sum(
                     p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD) for p in parameters),
                 text=str(inspect.signature(forward)),
@@ -101,7 +113,8 @@ def _signature(model: Any) -> _Signature:
 
 
 def takes_labels(model: Any) -> bool:
-    """Whether the model's ``forward`` names a ``labels`` parameter (then it gets the target as ``labels=``)."""
+    """Whether the model's ``forward`` takes ``labels`` (a parameter of that name, or ``**kwargs`` as wrappers
+    such as peft's ``PeftModel`` have): then it gets the target as ``labels=`` and its own loss is used."""
     return _signature(model).takes_labels
 
 
@@ -177,26 +190,49 @@ def forward_micro_batch(
 
     A batch with no counted item (token counts where every target is ``ignore_index``) gets ``loss=None``:
     its mean would be 0/0. Call ``GradientAccumulator.backward_empty(outputs)`` for it instead of ``backward``.
+    So does a padding batch of real samples (``trainwise.distributed.PaddingBatch``), with count 0 and its
+    outputs and targets cut to zero rows: it runs the model (collectives and shapes stay valid), adds nothing.
     """
+    padding = is_padding(batch)  # real samples padding a rank's shard under DDP: trained with weight 0
+    if padding:
+        batch = batch.batch
     inputs, targets = split(batch)
-    items = count_items(targets, count=count, ignore_index=ignore_index)
+    tokens = count == "tokens"
+    module = unwrap_model(model) if isinstance(model, torch.nn.Module) else model
+    shift = _measured_shift(module) if tokens and loss_fn is None else 0  # None: not measured yet
+    if targets is None:
+        items: Any = count_items(inputs) if not tokens else _no_target_tokens()
+    else:
+        items = count_items(targets, count=count, ignore_index=ignore_index, shift=shift or 0)
+        if shift is None:  # the first batch of a model not measured yet: the count of either convention
+            shifted = count_items(targets, count=count, ignore_index=ignore_index, shift=1)
     if isinstance(items, torch.Tensor):
         items = int(items)  # a CPU count costs nothing; a count on an accelerator is one sync, needed to
         # know that a micro-batch has no token before its loss (a mean over zero items) poisons the gradient
     if device is not None:
         inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
     signature = _signature(model)  # read once a step: it sits on every step's path
-    labels_passed = signature.takes_labels
-    with autocast():
+    labels_passed = signature.takes_labels and targets is not None
+    with autocast(), (padding_forward(model) if padding else contextlib.nullcontext()):
         outputs = _call(model, inputs, targets, signature)
         own_loss, logits = model_loss_and_logits(outputs, labels_passed=labels_passed)
         if logits is None and loss_fn is not None:
             logits = outputs  # a loss_fn of the user's own reads whatever the model returned
         elif logits is None and own_loss is None:
             raise TrainwiseError(
-                f"the model returned a {type(outputs).__name__} with neither a loss nor logits; return a tensor "
+                f"the model returned {_a(type(outputs).__name__)} with neither a loss nor logits; return a tensor "
                 "of logits or a dict or object with 'loss' and 'logits', or pass loss_fn=... that reads it."
             )
+        if shift is None:
+            if own_loss is None:
+                shift = 0  # trainwise's cross-entropy: the labels as they are
+            else:
+                shift = label_shift(module, own_loss, logits, targets, ignore_index=ignore_index)
+                if shift is not None:
+                    with contextlib.suppress(TypeError):  # a callable that takes no weak reference: measured again
+                        _LABEL_SHIFT[module] = shift
+            if shift:
+                items = int(shifted)
         if items == 0:
             loss = None
         elif loss_fn is not None:
@@ -204,10 +240,131 @@ def forward_micro_batch(
         elif own_loss is not None:
             loss, reduction = own_loss, "mean"  # transformers' losses are means over the counted items
         else:
+            if targets is None:
+                raise TrainwiseError(
+                    "a batch without a target needs a loss: pass loss_fn=lambda outputs, targets: ... (targets "
+                    "is None), or return the loss from the model."
+                )
+            _warn_if_unshifted_language_model(module, inputs, logits, targets, ignore_index)
             loss = default_loss(logits, targets, ignore_index=ignore_index)
     model_loss = loss_fn is None and own_loss is not None
+    if padding:  # no loss, no count; zero rows for the metrics, still attached to the graph for backward_empty
+        loss, items, logits, targets = None, 0, padding_outputs(logits, own_loss), zero_rows(targets)
     return MicroBatch(loss=loss, count=items, outputs=logits, targets=targets, reduction=reduction,
                       model_loss=model_loss)
+
+
+# label shift of each model's own token loss, measured on its first batch (0: labels as they are, 1: causal)
+_LABEL_SHIFT: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_WARNED_UNSHIFTED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _measured_shift(module: Any) -> int | None:
+    try:
+        return _LABEL_SHIFT.get(module)
+    except TypeError:
+        return None
+
+
+_LOSS_FN_FIX = "pass loss_fn=lambda logits, labels: ... that computes the loss trainwise should weight"
+
+
+def label_shift(model: Any, loss: torch.Tensor, logits: Any, labels: Any, *, ignore_index: int = -100) -> int | None:
+    """How a model's own token loss aligns its logits with ``labels``: 0 when position t predicts label t
+    (masked LMs, token classifiers, encoder-decoders), 1 when it predicts label t+1 (causal LMs), None when
+    this batch cannot tell (ask again on the next one).
+
+    Measured, not assumed: the loss is compared with the cross-entropy of the logits against the labels as
+    they are and shifted by one. A loss that matches neither (label smoothing, an auxiliary loss added, a
+    sum) averages over something trainwise cannot count, and is refused.
+    """
+    name = type(model).__name__
+    declared = _declared_shift(model)
+    if not (isinstance(logits, torch.Tensor) and isinstance(labels, torch.Tensor) and logits.dim() >= 2
+            and logits.shape[:-1] == labels.shape and labels.dim() >= 1):
+        if declared is not None:
+            return declared
+        raise TrainwiseError(
+            f"count='tokens' needs the logits that {name}'s own loss averages over, and they do not line up "
+            f"with the labels; {_LOSS_FN_FIX}."
+        )
+    with torch.no_grad():
+        value = float(loss.detach().float())
+        flat = logits.detach().float()
+        counted, matches = [], []
+        for shift in (0, 1):
+            cut_labels = labels[..., shift:].to(flat.device)
+            counted.append(int((cut_labels != ignore_index).sum()))
+            if counted[-1] == 0 or not math.isfinite(value):
+                continue  # nothing to compare on this alignment
+            cut_logits = flat[..., : flat.shape[-2] - shift, :]
+            expected = float(torch.nn.functional.cross_entropy(
+                cut_logits.flatten(0, -2), cut_labels.flatten(), ignore_index=ignore_index))
+            if abs(value - expected) <= 1e-4 * max(1.0, abs(expected)):
+                matches.append(shift)
+    if len(matches) == 1:
+        return matches[0]
+    if declared is not None:
+        return declared
+    if not math.isfinite(value):  # a mean over no token: only an alignment that counts none gives it
+        return 1 if counted[1] == 0 < counted[0] else None
+    if matches or counted == [0, 0]:
+        return None  # both alignments give this loss (or none has a token): decide on a later batch
+    raise TrainwiseError(
+        f"count='tokens' weights each micro-batch by its tokens, but {name}'s own loss ({value:.6g}) is not the "
+        f"mean cross-entropy over its labels as they are or shifted by one, so trainwise cannot know what it "
+        f"averages over; {_LOSS_FN_FIX}."
+    )
+
+
+def _declared_shift(model: Any) -> int | None:
+    """The shift a Hugging Face model declares (its ``loss_type``, as transformers' own Trainer reads it)."""
+    if "transformers" not in sys.modules:
+        return None
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    if not hasattr(base, "loss_type") or not hasattr(base, "config"):
+        return None
+    try:
+        from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+    except ImportError:
+        return None
+    causal = LOSS_MAPPING.get(base.loss_type or "ForCausalLM") is ForCausalLMLoss
+    return int(causal and not getattr(base.config, "is_encoder_decoder", False))
+
+
+def _no_target_tokens() -> int:
+    raise TrainwiseError(
+        "count='tokens' counts target tokens, and this batch has no target; use count='samples' for a loss "
+        "without targets."
+    )
+
+
+def _warn_if_unshifted_language_model(module: Any, inputs: Any, logits: Any, targets: Any, ignore_index: int) -> None:
+    """Say once when cross-entropy is about to train (B, T, V) logits to predict the (B, T) input tokens at
+    their own positions: the signature of a causal LM whose loss lost its label shift."""
+    if module in _WARNED_UNSHIFTED or not isinstance(inputs, Mapping):
+        return
+    ids = inputs.get("input_ids")
+    if not (isinstance(logits, torch.Tensor) and logits.dim() == 3 and isinstance(targets, torch.Tensor)
+            and isinstance(ids, torch.Tensor) and ids.shape == targets.shape == logits.shape[:-1]):
+        return
+    with contextlib.suppress(TypeError):
+        _WARNED_UNSHIFTED.add(module)
+    counted = targets != ignore_index
+    if bool(counted.any()) and bool((ids[counted] == targets[counted]).all()):
+        warnings.warn(
+            f"trainwise computes cross-entropy of {type(module).__name__}'s (batch, tokens, vocabulary) logits "
+            "against labels equal to the input tokens at the same positions, so every position learns to copy "
+            "its own input: a causal LM needs its labels shifted by one; let the model compute its loss (it "
+            "gets labels=) or pass loss_fn= that shifts them.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _a(word: str) -> str:
+    """``word`` with its indefinite article."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
 
 
 def default_loss(logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: int = -100) -> torch.Tensor:
@@ -232,12 +389,15 @@ def mark_last(batches: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
     yield current, True
 
 
-def count_items(targets: Any, *, count: str = "samples", ignore_index: int = -100) -> torch.Tensor | int:
-    """Samples in a batch (a host int), or tokens whose target is not ``ignore_index`` (a tensor)."""
+def count_items(
+    targets: Any, *, count: str = "samples", ignore_index: int = -100, shift: int = 0
+) -> torch.Tensor | int:
+    """Samples in a batch (a host int), or tokens whose target is not ``ignore_index`` (a tensor); ``shift=1``
+    leaves out each sequence's first label, which a causal LM never predicts."""
     if count == "tokens":
         if not isinstance(targets, torch.Tensor):
             raise TrainwiseError("count='tokens' needs targets that are a tensor of token ids.")
-        return (targets != ignore_index).sum()
+        return ((targets[..., shift:] if shift else targets) != ignore_index).sum()
     if isinstance(targets, torch.Tensor):
         if targets.dim() == 0:
             return 1
@@ -246,8 +406,12 @@ def count_items(targets: Any, *, count: str = "samples", ignore_index: int = -10
         return count_items(targets[0], count=count, ignore_index=ignore_index)
     if isinstance(targets, Mapping) and targets:
         return count_items(next(iter(targets.values())), count=count, ignore_index=ignore_index)
+    if dataclasses.is_dataclass(targets) and not isinstance(targets, type):
+        return count_items([getattr(targets, f.name) for f in dataclasses.fields(targets)])
     raise TrainwiseError(
-        f"cannot count the samples in targets of type {type(targets).__name__}; use tensor targets."
+        f"cannot count the samples in {_a(type(targets).__name__)}; give the batch a tensor target, or for a "
+        "loss without a target, split_batch=lambda batch: (batch, None) (samples are then counted from the "
+        "inputs)."
     )
 
 

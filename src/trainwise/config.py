@@ -27,6 +27,7 @@ class TrainerConfig:
     effective_batch: int | None = None  # samples per optimizer step; a multiple of batch_size
     accumulation_steps: int | None = None  # micro-batches per optimizer step (alternative to effective_batch)
     eval_batch_size: int | None = None  # defaults to batch_size
+    drop_last: bool = False  # drop a short last training batch (several processes: the batches short of a step)
     max_grad_norm: float | None = None  # clip the global gradient norm (after unscaling)
     device: str = "auto"  # auto: cuda, then mps, then cpu
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"

@@ -14,12 +14,14 @@ The Trainer calls exactly these; a hand-written loop gets the same order, shards
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from trainwise.accumulation import accumulation_steps
 from trainwise.batches import count_items
@@ -27,9 +29,9 @@ from trainwise.batches import split_batch as default_split_batch
 from trainwise.checkpoint.loader import ResumableLoader
 from trainwise.config import max_workers
 from trainwise.device import pin_memory_default
-from trainwise.distributed import is_distributed, shard_loader
+from trainwise.distributed import Padding, is_distributed, shard_loader
 from trainwise.errors import TrainwiseError
-from trainwise.seeding import prepare_loader, seeded_loader
+from trainwise.seeding import prepare_loader, rebuild_loader, seeded_loader
 
 
 def training_loader(
@@ -41,16 +43,24 @@ def training_loader(
     device: torch.device | str = "cpu",
     epochs: int = 1,
     shard: bool | None = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    drop_last: bool = False,
+    padding: Padding = "zero_rows",
 ) -> ResumableLoader:
-    """The training loader for ``data``: a Dataset gets a seeded DataLoader, a DataLoader is rebuilt with a
-    seeded order (its batch size, workers, collate and batch sampler kept), an IterableDataset is batched in
-    its own order, an iterable of ready-made batches is used as it is. With several processes (``shard``;
-    default: when a process group is initialised) each process gets its part, every sample on one process.
-    Empty data, too many workers, a replaying IterableDataset and a one-shot iterator for several epochs are
-    refused in one sentence."""
+    """The training loader for ``data``: samples (a Dataset, a Hugging Face ``datasets.Dataset``, a list of
+    samples) get a seeded DataLoader of ``batch_size`` collated by ``collate_fn``; a DataLoader is rebuilt with
+    a seeded order (its batch size, workers, collate and batch sampler kept); an IterableDataset is batched in
+    its own order; an iterable of ready-made batches is used as it is (see :func:`data_kind`). With several
+    processes (``shard``; default: when a process group is initialised) each process gets its part, every
+    sample on one process. Empty data, too many workers, a replaying IterableDataset and a one-shot iterator
+    for several epochs are refused in one sentence. ``drop_last`` drops a short last batch, as a DataLoader's
+    does (on several processes: the last batches that do not fill a step of every process, so none pads);
+    ``padding`` is what a process whose shard ran out trains on (``trainwise.distributed.PaddingCollate``)."""
     loader = _local_loader(data, train=True, batch_size=batch_size, seed=seed, num_workers=num_workers,
-                           device=device, epochs=epochs)
-    loader = _sharded(loader, train=True, seed=seed, shard=shard)
+                           device=device, epochs=epochs, collate_fn=collate_fn)
+    if drop_last:
+        loader = _dropping_last(loader)
+    loader = _sharded(loader, train=True, seed=seed, shard=shard, padding=padding)
     check_loader(loader, "training")
     return ResumableLoader(loader)
 
@@ -63,57 +73,206 @@ def evaluation_loader(
     num_workers: int = 0,
     device: torch.device | str = "cpu",
     shard: bool | None = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> Iterable[Any]:
     """The evaluation loader for ``data``: in order, each process its part (no padding), checked like
     :func:`training_loader`."""
     loader = _local_loader(data, train=False, batch_size=batch_size, seed=seed, num_workers=num_workers,
-                           device=device, epochs=1)
+                           device=device, epochs=1, collate_fn=collate_fn)
     loader = _sharded(loader, train=False, seed=seed, shard=shard)
     check_loader(loader, "validation")
     return loader
 
 
-def _sharded(loader: Any, *, train: bool, seed: int, shard: bool | None) -> Any:
+def _sharded(loader: Any, *, train: bool, seed: int, shard: bool | None, padding: Padding = "zero_rows") -> Any:
     shard = is_distributed() if shard is None else shard
     if shard and isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
-        # this process's shard, every sample on one process; training pads with zero-row batches (see shard_loader)
-        return shard_loader(loader, train=train, seed=seed)
+        # this process's shard, every sample on one process; training pads a short shard (see shard_loader)
+        return shard_loader(loader, train=train, seed=seed, padding=padding)
     return loader
 
 
+def _dropping_last(loader: Any) -> DataLoader:
+    """``loader`` with ``drop_last=True`` (``Trainer(drop_last=True)``), for the batches a DataLoader makes."""
+    if isinstance(loader, DataLoader) and loader.batch_size is not None:
+        if loader.drop_last:
+            return loader
+        sampler = None if isinstance(loader.dataset, IterableDataset) else loader.sampler
+        return rebuild_loader(loader, sampler=sampler, worker_init_fn=loader.worker_init_fn,
+                              generator=loader.generator, drop_last=True)
+    what = "ready-made batches"
+    if isinstance(loader, DataLoader):
+        what = "a DataLoader with its own batch_sampler, which decides the batches" if loader.batch_sampler \
+            is not None else "a DataLoader without automatic batching (batch_size=None)"
+    raise TrainwiseError(
+        f"drop_last=True drops a short last batch of the batches made with batch_size, and the data is {what}; "
+        "drop the short batch there, or pass the samples (a Dataset or a list of samples)."
+    )
+
+
 def _local_loader(
-    data: Any, *, train: bool, batch_size: int, seed: int, num_workers: int, device: Any, epochs: int
+    data: Any, *, train: bool, batch_size: int, seed: int, num_workers: int, device: Any, epochs: int,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> Iterable[Any]:
     pin = pin_memory_default(torch.device(device))
-    if isinstance(data, DataLoader):
+    kind = data_kind(data)
+    if collate_fn is not None and kind in ("loader", "batches"):
+        what = "a DataLoader, which has its own collate_fn" if kind == "loader" else "ready-made batches"
+        raise TrainwiseError(f"collate_fn= batches samples, and the data is {what}; pass the samples (a Dataset "
+                             "or a list of samples) instead, or leave collate_fn out.")
+    if kind == "loader":
         if isinstance(data.dataset, IterableDataset):  # no sampler to seed: the stream's order is its own
             return data
         return prepare_loader(data, seed=seed) if train else data
-    if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
+    if kind == "samples":
         if length(data) == 0:
             what, fix = ("training", "check the data") if train else (
                 "validation", "pass val_data=None to train without validation")
             raise TrainwiseError(f"the {what} data set is empty (0 samples); {fix}.")
+        _check_hf_format(data, collate_fn)
         return seeded_loader(data, batch_size=batch_size, seed=seed, shuffle=train, num_workers=num_workers,
-                             pin_memory=pin)
-    if isinstance(data, IterableDataset):
+                             pin_memory=pin, collate_fn=collate_fn or StackSamples())
+    if kind == "stream":
         if num_workers:
             raise TrainwiseError(
                 f"num_workers={num_workers} would give every loader worker the whole IterableDataset "
                 f"({type(data).__name__}), so each sample would count {num_workers} times; shard it in "
                 "__iter__ by torch.utils.data.get_worker_info() and pass your own DataLoader, or use num_workers=0."
             )
-        return DataLoader(data, batch_size=batch_size, pin_memory=pin)
-    if isinstance(data, Iterable):
+        return DataLoader(data, batch_size=batch_size, pin_memory=pin, collate_fn=collate_fn or StackSamples())
+    if kind == "batches":
         if iter(data) is data and train and epochs > 1:  # a generator, a file handle, iter(list)
             raise TrainwiseError(
                 f"the training data is an iterator ({type(data).__name__}), which is used up after one epoch; "
                 "pass a list of batches, a Dataset or a DataLoader for several epochs."
             )
         return data
+    if kind == "splits":
+        raise TrainwiseError(
+            f"the data is a DatasetDict of the splits {sorted(map(str, data))}; pass one split, such as "
+            f"data[{next(iter(data))!r}]."
+        )
     raise TrainwiseError(
-        f"training data must be a Dataset, a DataLoader or an iterable of batches, got {type(data).__name__}."
+        f"training data must be a Dataset, a DataLoader, a list of samples or an iterable of batches, got "
+        f"{type(data).__name__}."
     )
+
+
+def data_kind(data: Any) -> str:
+    """What ``data`` is, decided by its type and, for a plain sequence, by its first item:
+
+    - ``"loader"``: a DataLoader (used as it is, reseeded for training);
+    - ``"samples"``: a map-style torch ``Dataset``, a Hugging Face ``datasets.Dataset``, or a list/tuple (or any
+      sized ``__getitem__`` object) whose first item is one sample: its target is a number or a 0-dim tensor,
+      it holds Python lists, strings or numbers, or its tensors have at most one dimension (a token sequence);
+    - ``"batches"``: a sequence whose first item is a ready-made batch (every tensor shares its first
+      dimension, and one has two or more), or any other iterable (a generator of batches);
+    - ``"stream"``: an ``IterableDataset`` (torch's or Hugging Face's), batched in its own order;
+    - ``"splits"``: a ``datasets.DatasetDict``; ``"unknown"``: anything else.
+    """
+    if isinstance(data, DataLoader):
+        return "loader"
+    if isinstance(data, IterableDataset):
+        return "stream"
+    module = type(data).__module__.split(".")[0]
+    if module == "datasets":
+        name = type(data).__name__
+        if name in ("DatasetDict", "IterableDatasetDict"):
+            return "splits"
+        if name == "IterableDataset":
+            return "stream"
+        if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+            return "samples"
+    if isinstance(data, Dataset):
+        return "samples"
+    if isinstance(data, (str, bytes, Mapping)):
+        return "unknown"
+    if hasattr(data, "__getitem__") and length(data) is not None:
+        if length(data) == 0:
+            return "batches"  # empty: refused by check_loader with the usual sentence
+        try:
+            first = data[0]
+        except Exception:  # a sized object that is not indexed by position: iterate it as batches
+            return "batches" if isinstance(data, Iterable) else "unknown"
+        return "samples" if _is_sample(first) else "batches"
+    if isinstance(data, Iterable):
+        return "batches"
+    return "unknown"
+
+
+def _is_sample(item: Any) -> bool:
+    """Whether one item of a sequence is a sample (batched by batch_size) rather than a ready-made batch."""
+    try:
+        _, target = default_split_batch(item)
+    except TrainwiseError:
+        target = None
+    if isinstance(target, (int, float, bool, np.number)) or (_is_array(target) and target.ndim == 0):
+        return True
+    leaves = list(_leaves(item))
+    if any(not _is_array(leaf) for leaf in leaves):
+        return True  # Python numbers, strings or lists: rows of a table, not a collated batch
+    if not leaves or any(leaf.ndim == 0 for leaf in leaves):
+        return True
+    return not (len({leaf.shape[0] for leaf in leaves}) == 1 and any(leaf.ndim >= 2 for leaf in leaves))
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (torch.Tensor, np.ndarray))
+
+
+def _leaves(item: Any) -> Iterator[Any]:
+    if isinstance(item, Mapping):
+        for value in item.values():
+            yield from _leaves(value)
+    elif isinstance(item, (tuple, list)) and item and not isinstance(item[0], (int, float, bool, str)):
+        for value in item:
+            yield from _leaves(value)
+    elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+        for field in dataclasses.fields(item):
+            yield from _leaves(getattr(item, field.name))
+    else:
+        yield item
+
+
+def _check_hf_format(data: Any, collate_fn: Any) -> None:
+    """A Hugging Face Dataset without a tensor format yields Python lists, which the default collate
+    transposes (one tensor per position, not per sample)."""
+    if collate_fn is not None or type(data).__module__.split(".")[0] != "datasets":
+        return
+    if (getattr(data, "format", None) or {}).get("type") not in ("torch", "numpy", "np"):
+        raise TrainwiseError(
+            "the datasets.Dataset has no tensor format, so its rows are Python lists; call "
+            "dataset.with_format('torch') for rows of equal length, or pass collate_fn= (for text, "
+            "transformers.DataCollatorWithPadding(tokenizer) pads each batch)."
+        )
+
+
+class StackSamples:
+    """torch's default collate, with one sentence in place of the error from samples it cannot stack, and a
+    refusal of Python lists (which it would transpose into one tensor per position)."""
+
+    def __call__(self, samples: list[Any]) -> Any:
+        if samples:
+            _refuse_python_lists(samples[0])
+        try:
+            return default_collate(samples)
+        except (RuntimeError, TypeError) as error:
+            raise TrainwiseError(
+                f"the samples could not be collated into a batch ({str(error).splitlines()[0]}); give samples "
+                "tensors or numbers of one shape, or pass collate_fn= that batches them (for text of different "
+                "lengths, transformers.DataCollatorWithPadding(tokenizer) pads)."
+            ) from error
+
+
+def _refuse_python_lists(sample: Any) -> None:
+    values = sample.values() if isinstance(sample, Mapping) else sample if isinstance(sample, tuple) else ()
+    for value in values:
+        if isinstance(value, list) and value and isinstance(value[0], (int, float, bool)):
+            raise TrainwiseError(
+                "a sample holds a Python list of numbers, which the default collate would transpose; make it a "
+                "tensor (or call dataset.with_format('torch')), or pass collate_fn= that pads the lists (for "
+                "text, transformers.DataCollatorWithPadding(tokenizer))."
+            )
 
 
 def check_loader(loader: Any, what: str = "training") -> None:

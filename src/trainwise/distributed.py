@@ -11,13 +11,15 @@ waits longer than ``timeout`` seconds for a peer (a crashed or killed process) r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
+import itertools
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -25,9 +27,12 @@ import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
 
 from trainwise.errors import TrainwiseError
+from trainwise.freezing import has_running_stats
 from trainwise.seeding import SeededBatchSampler, rebuild_loader
 
 DEFAULT_TIMEOUT = 300.0  # seconds a collective waits for a peer before raising (a dead rank, a stuck one)
+Padding = Literal["zero_rows", "samples"]  # what a rank whose shard ran out trains on (see PaddingCollate)
+PADDING_SAMPLES = 2  # real samples in a padding batch: BatchNorm without running statistics needs two in train mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,11 +258,12 @@ class ShardedBatchSampler(SeededBatchSampler):
 
     Every batch of the epoch, and so every sample, goes to exactly one rank: nothing is repeated or dropped.
     ``pad=True`` (training): a rank left with fewer batches than rank 0 (at most one fewer) ends its epoch
-    with empty index lists, which :class:`PaddingCollate` turns into batches of zero rows, so that every rank
-    runs as many micro-batches (the same accumulation windows, DDP/FSDP collectives and optimizer steps);
-    ``len()`` counts them. A zero-row batch counts zero items: backpropagate it with
-    ``GradientAccumulator.backward_empty(outputs)``. ``drop_last=True`` drops the last batches that do not
-    fill a step of every rank (as one process with a W times larger batch would drop its short last batch).
+    with empty index lists, which :class:`PaddingCollate` turns into padding batches (zero rows, or real
+    samples marked as :class:`PaddingBatch`), so that every rank runs as many micro-batches (the same
+    accumulation windows, DDP/FSDP collectives and optimizer steps); ``len()`` counts them. A padding batch
+    counts zero items: backpropagate it with ``GradientAccumulator.backward_empty(outputs)``. ``drop_last=True``
+    drops the last batches that do not fill a step of every rank (as one process with a W times larger batch
+    would drop its short last batch): then no rank pads.
     The batches are drawn as :class:`SeededBatchSampler` draws them (seeded from ``(seed, epoch)``).
     """
 
@@ -332,18 +338,83 @@ class ShardedBatchSampler(SeededBatchSampler):
         return batches
 
 
-class PaddingCollate:
-    """A DataLoader ``collate_fn`` that turns an empty index list (a padding batch) into a batch of zero rows.
+@dataclasses.dataclass
+class PaddingBatch:
+    """A padding batch of real samples, which trains with weight 0: made by ``shard_loader(padding="samples")``
+    (the Trainer's) for a rank whose shard ran out, for models that cannot take a batch of zero rows (every
+    Hugging Face attention layer reshapes to ``(batch, ..., -1, head_dim)``, which zero elements cannot fill).
 
-    The zero-row batch is a real batch (of the sample ``index``, collated by ``collate_fn``) cut to zero rows
-    along dimension 0, so it has the structure, dtypes and trailing shapes of the others. Picklable for worker
-    processes, which read the sample from their own copy of the dataset.
+    ``batch`` is :data:`PADDING_SAMPLES` samples of the data set collated as every batch is.
+    :func:`trainwise.forward_micro_batch` runs the model on it with norm layers' running statistics left
+    alone (:func:`padding_forward`) and returns no loss, a count of 0 and outputs and targets cut to zero
+    rows, so that ``GradientAccumulator.backward_empty(outputs)`` backpropagates an exact zero through the
+    whole graph (DDP's all-reduce and FSDP's reduce-scatter run and add nothing) and no metric counts it.
     """
 
-    def __init__(self, collate_fn: Any, dataset: Any, index: Any) -> None:
+    batch: Any
+
+
+def is_padding(batch: Any) -> bool:
+    """Whether ``batch`` is a padding batch of real samples (:class:`PaddingBatch`); a zero-row padding batch
+    is known by its zero rows."""
+    return isinstance(batch, PaddingBatch)
+
+
+def padding_for(model: torch.nn.Module) -> Padding:
+    """The padding the Trainer uses for ``model``: real samples weighted 0 (``"samples"``), which every model
+    that trains on a batch of two can take, or zero rows for a model with ``SyncBatchNorm``, whose train-mode
+    forward would put a real sample into the batch statistics of every process (it takes zero rows)."""
+    if any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()):
+        return "zero_rows"
+    return "samples"
+
+
+@contextlib.contextmanager
+def padding_forward(model: torch.nn.Module) -> Iterator[None]:
+    """For the forward of a padding batch of real samples: the model's norm layers with running statistics
+    (BatchNorm, InstanceNorm with ``track_running_stats``) in eval mode, so that the padding leaves their
+    ``running_mean``, ``running_var`` and ``num_batches_tracked`` as they were; their modes are put back after.
+    A ``SyncBatchNorm`` in train mode is refused: its forward is a collective that puts the padding samples
+    into every process's batch statistics, and in eval mode it would skip a collective the others run."""
+    switched = [m for m in model.modules() if m.training and has_running_stats(m)]
+    if any(isinstance(m, torch.nn.SyncBatchNorm) for m in switched):
+        raise TrainwiseError(
+            "a padding batch of real samples cannot go through SyncBatchNorm, which would count it in every "
+            "process's batch statistics; use shard_loader(..., padding='zero_rows') for this model."
+        )
+    for module in switched:
+        module.training = False  # the attribute, not .eval(): nothing else about the module changes
+    try:
+        yield
+    finally:
+        for module in switched:
+            module.training = True
+
+
+def padding_outputs(outputs: Any, loss: torch.Tensor | None) -> Any:
+    """What a padding batch of real samples shows ``backward_empty`` and the metrics: its outputs cut to zero
+    rows (still attached to the graph), or for a model that returned only a loss, that loss cut to no element."""
+    if outputs is None and isinstance(loss, torch.Tensor):
+        return loss.reshape(1)[:0]
+    return zero_rows(outputs)
+
+
+class PaddingCollate:
+    """A DataLoader ``collate_fn`` that turns an empty index list (a padding batch) into a batch that trains
+    with weight 0.
+
+    ``padding="zero_rows"``: a real batch (of the sample ``index``, collated by ``collate_fn``) cut to zero rows
+    along dimension 0, so it has the structure, dtypes and trailing shapes of the others; the model must take
+    zero rows. ``padding="samples"``: :data:`PADDING_SAMPLES` real samples (``index`` is a list of them),
+    collated and marked as a :class:`PaddingBatch`. Picklable for worker processes, which read the samples from
+    their own copy of the dataset.
+    """
+
+    def __init__(self, collate_fn: Any, dataset: Any, index: Any, *, padding: Padding = "zero_rows") -> None:
         self.collate_fn = collate_fn
         self.dataset = dataset
-        self.index = index
+        self.indices = list(index) if isinstance(index, (list, tuple)) else [index]
+        self.padding = _checked_padding(padding)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "dataset": None}  # a worker has the dataset already: do not send it twice
@@ -356,9 +427,16 @@ class PaddingCollate:
             from torch.utils.data import get_worker_info
 
             dataset = get_worker_info().dataset
+        indices = self.indices if self.padding == "samples" else self.indices[:1]
         getitems = getattr(dataset, "__getitems__", None)
-        one = getitems([self.index]) if getitems else [dataset[self.index]]
-        return zero_rows(self.collate_fn(one))
+        batch = self.collate_fn(getitems(indices) if getitems else [dataset[i] for i in indices])
+        return PaddingBatch(batch) if self.padding == "samples" else zero_rows(batch)
+
+
+def _checked_padding(padding: Any) -> Padding:
+    if padding not in ("zero_rows", "samples"):
+        raise TrainwiseError(f"padding must be 'zero_rows' or 'samples', got {padding!r}.")
+    return padding
 
 
 def zero_rows(batch: Any) -> Any:
@@ -384,7 +462,7 @@ def zero_rows(batch: Any) -> Any:
 
 
 def padding_batches(loader: Any) -> int:
-    """Empty (zero-row) batches at the end of this rank's epoch of ``loader`` (0 for any other loader)."""
+    """Padding batches at the end of this rank's epoch of ``loader`` (0 for any other loader)."""
     for holder in (loader, getattr(loader, "loader", None)):  # ResumableLoader wraps the DataLoader
         batch_sampler = getattr(holder, "batch_sampler", None)
         if isinstance(batch_sampler, ShardedBatchSampler):
@@ -414,18 +492,23 @@ def set_sampler_epoch(loader: Any, epoch: int) -> bool:
     return False
 
 
-def shard_loader(loader: DataLoader, *, train: bool, seed: int, drop_last: bool | None = None) -> DataLoader:
+def shard_loader(
+    loader: DataLoader, *, train: bool, seed: int, drop_last: bool | None = None, padding: Padding = "zero_rows"
+) -> DataLoader:
     """The same DataLoader drawing only this rank's shard: every sample on exactly one rank per epoch.
 
     Training: the batches one process would draw (the loader's sampler and batch size, or its own
     ``batch_sampler``: bucketing...), dealt to the ranks in turn by :class:`ShardedBatchSampler`, a rank with
-    one batch fewer ending with a zero-row batch (:class:`PaddingCollate`); ``drop_last`` (default: the
-    loader's) drops the last batches that do not fill a step of every rank. Evaluation: :class:`ShardSampler`
+    one batch fewer ending with a padding batch (:class:`PaddingCollate`): ``padding="zero_rows"`` (a batch of
+    zero rows: the model must take it) or ``"samples"`` (a :class:`PaddingBatch` of real samples, for
+    :func:`trainwise.forward_micro_batch`); ``drop_last`` (default: the loader's) drops the last batches that do
+    not fill a step of every rank. Evaluation: :class:`ShardSampler`
     (or the batch sampler's batches dealt in turn), no padding. Call it on every rank at the same point (it
     checks, with one all-reduce, that the ranks drew the same batches). Returned unchanged: a loader whose
     sampler is already distributed (has ``set_epoch``), or whose batch sampler shards itself (it, or its
     ``sampler``, has ``num_replicas``), or a loader without automatic batching (``batch_size=None``).
     """
+    _checked_padding(padding)
     sampler, batch_sampler = loader.sampler, loader.batch_sampler
     custom = batch_sampler is not None and loader.batch_size is None
     if (
@@ -449,10 +532,11 @@ def shard_loader(loader: DataLoader, *, train: bool, seed: int, drop_last: bool 
     else:
         return rebuild_loader(loader, sampler=ShardSampler(loader.dataset), worker_init_fn=loader.worker_init_fn,
                               generator=loader.generator)
-    sample = next((batch[0] for batch in sharded.check() if batch), None)  # any index, to shape zero-row batches
+    # the first samples of this epoch's draw (the same on every rank), which every padding batch is made of
+    samples = list(itertools.islice(itertools.chain.from_iterable(sharded.check()), PADDING_SAMPLES))
     collate = loader.collate_fn
-    if train and sample is not None:
-        collate = PaddingCollate(collate, loader.dataset, sample)
+    if train and samples:
+        collate = PaddingCollate(collate, loader.dataset, samples, padding=padding)
     return rebuild_loader(loader, batch_sampler=sharded, collate_fn=collate, worker_init_fn=loader.worker_init_fn,
                           generator=loader.generator)
 
@@ -573,7 +657,9 @@ def sharded_to_single_file(folder: str | os.PathLike[str], output: str | os.Path
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "PADDING_SAMPLES",
     "DistributedInfo",
+    "PaddingBatch",
     "PaddingCollate",
     "ShardSampler",
     "ShardedBatchSampler",
@@ -588,11 +674,15 @@ __all__ = [
     "init_distributed",
     "is_distributed",
     "is_main_process",
+    "is_padding",
     "is_sharded",
     "launched_by_torchrun",
     "load_sharded",
     "local_device",
     "padding_batches",
+    "padding_for",
+    "padding_forward",
+    "padding_outputs",
     "save_sharded",
     "set_sampler_epoch",
     "shard_loader",

@@ -161,13 +161,15 @@ def rebuild_loader(
     batch_sampler: Any = None,
     collate_fn: Any = None,
     dataset: Any = None,
+    drop_last: bool | None = None,
 ) -> DataLoader:
     """The same DataLoader (dataset, batch size, workers, collate, pinning...) with another sampler (or batch
-    sampler), worker initialiser and generator, and optionally another collate function or dataset."""
+    sampler), worker initialiser and generator, and optionally another collate function, dataset or drop_last."""
     if batch_sampler is not None:  # the batch sampler decides the batches: no batch_size, sampler, drop_last
         batching: dict[str, Any] = {"batch_sampler": batch_sampler}
     else:
-        batching = {"batch_size": loader.batch_size, "sampler": sampler, "drop_last": loader.drop_last}
+        batching = {"batch_size": loader.batch_size, "sampler": sampler,
+                    "drop_last": loader.drop_last if drop_last is None else drop_last}
     return DataLoader(
         loader.dataset if dataset is None else dataset,
         **batching,

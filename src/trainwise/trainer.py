@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -35,6 +36,7 @@ from trainwise.distributed import (
     global_metric_values,
     init_distributed,
     local_device,
+    padding_for,
     same_last_batch,
     set_sampler_epoch,
     shard_model,
@@ -75,7 +77,9 @@ class Trainer:
     AdamW with ``lr`` and ``weight_decay``); ``scheduler`` an instance or a factory called with the
     optimizer, stepped once per optimizer step (``ReduceLROnPlateau`` once per epoch on the validation
     loss); ``loss_fn(outputs, targets)`` defaults to cross-entropy; ``split_batch(batch)`` returns
-    ``(inputs, targets)``. The plain-valued options are those of :class:`TrainerConfig`.
+    ``(inputs, targets)`` (a target of ``None`` for a loss without one: samples are counted from the inputs);
+    ``collate_fn`` batches samples, as a DataLoader's does (``transformers.DataCollatorWithPadding`` pads
+    text). The plain-valued options are those of :class:`TrainerConfig`.
 
     ``loggers`` adds trackers beside ``metrics.jsonl``: ``"tensorboard"``, ``"mlflow"`` or objects with
     ``log_metrics(metrics, step)`` (docs/tracking.md); ``callbacks`` are objects with any of the events of
@@ -91,6 +95,7 @@ class Trainer:
         lr: float = 1e-3,
         weight_decay: float = 0.01,
         batch_size: int | Literal["auto"] = 32,
+        drop_last: bool = False,
         effective_batch: int | None = None,
         accumulation_steps: int | None = None,
         eval_batch_size: int | None = None,
@@ -133,6 +138,7 @@ class Trainer:
         scheduler: Any = None,
         loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
         split_batch: Callable[[Any], tuple[Any, Any]] | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
         loggers: Sequence[Any] = ("jsonl",),
         callbacks: Sequence[Any] = (),
     ) -> None:
@@ -145,6 +151,7 @@ class Trainer:
         self.scheduler = scheduler
         self.loss_fn = loss_fn  # None: the model's own loss when it returns one, else cross-entropy
         self.split_batch = split_batch if split_batch is not None else default_split_batch
+        self.collate_fn = collate_fn  # batches samples (a Dataset, datasets.Dataset or list of samples)
         self._dist = DistributedInfo()  # set by fit() under torchrun
 
     @classmethod
@@ -190,7 +197,10 @@ class Trainer:
         if auto and sharded:
             raise TrainwiseError("batch_size='auto' is not supported with distributed='fsdp'; set batch_size to "
                                  "a micro-batch that fits, with effective_batch.")
-        train_loader = training_loader(train_data, batch_size=batch_size, epochs=cfg.epochs, **loaders)
+        loaders["collate_fn"] = self.collate_fn
+        # a process whose shard ran out pads with real samples weighted 0 (docs/distributed.md, Ragged shards)
+        train_loader = training_loader(train_data, batch_size=batch_size, epochs=cfg.epochs, drop_last=cfg.drop_last,
+                                       padding=padding_for(model), **loaders)
         if auto:
             check_auto_loader(train_loader, cfg.effective_batch)
         val_loader = None if val_data is None else evaluation_loader(
@@ -231,7 +241,7 @@ class Trainer:
         run.checkpoint_config = {**self.config.to_dict(), FACTS_KEY: run.facts}  # once: every checkpoint records it
         self._open_run_folder(run)
         for note in notes:
-            if "norm_layers" in note:
+            if note.pop("shown", False) or "norm_layers" in note:
                 run.progress.message(note["message"])
             run.log.write({"kind": "note", **note})
         resume_run(run, self.config, is_main=self._dist.is_main)
@@ -277,7 +287,8 @@ class Trainer:
                           "caller's RNG; pass a function that builds it for weights set by seed."})
         else:
             model = build_model(model)
-        device = resolve_device(cfg.device).device
+        choice = resolve_device(cfg.device)
+        device = choice.device
         if cfg.distributed != "off":  # under torchrun: join the process group (a no-op for one process)
             self._dist = init_distributed(local_device(device), timeout=cfg.dist_timeout)
             device = local_device(device) if self._dist.enabled else device
@@ -295,7 +306,10 @@ class Trainer:
                           "norm_layers": pinned})
         if self._dist.enabled and cfg.distributed == "fsdp":
             shard_model(model)  # FSDP2, in place, before the optimizer sees the parameters
-        return model, device, resolve_precision(cfg.precision, device), notes
+        precision = resolve_precision(cfg.precision, device)
+        notes.append({"message": f"training on {device} ({choice.reason}) in {precision.name} ({precision.reason})",
+                      "shown": True})
+        return model, device, precision, notes
 
     def _open_run_folder(self, run: Run) -> None:
         """Name, lock and log the run folder (rank 0 writes), and make the progress, stopper and checkpoints."""
@@ -482,7 +496,7 @@ class Trainer:
         loss = None if micro.loss is None else micro.loss.detach()  # detached once for the metric and the guard
         # with nonfinite="skip" a window's losses count only once its step is taken
         (run.window_loss or run.metrics.mean("loss")).update_loss(loss, micro.count, micro.reduction)
-        self._update_accuracy(run.metrics, micro, run.loop)
+        self._update_accuracy(run.metrics, micro, run.loop, window=accumulator.steps)
         if self.config.nonfinite == "stop" and loss is not None:
             run.guard.observe(loss, accumulator.optimizer_steps + 1)
         if last and step:
@@ -582,11 +596,17 @@ class Trainer:
             ignore_index=cfg.ignore_index, reduction=cfg.loss_reduction, autocast=precision.autocast,
         )
 
-    def _update_accuracy(self, metrics: MetricSet, micro: MicroBatch, decided: dict[str, Any]) -> None:
+    def _update_accuracy(self, metrics: MetricSet, micro: MicroBatch, decided: dict[str, Any], *, window: int) -> None:
         """Count correct predictions once the first batch has shown that outputs are class logits."""
         cfg = self.config
         if decided["accuracy"] is None:
             decided["accuracy"] = wants_accuracy(cfg.accuracy, micro)
+            if micro.targets is None and window > 1:
+                warnings.warn(
+                    f"the loss has no target and each step accumulates {window} micro-batches, so a loss that "
+                    "compares samples within a batch (in-batch negatives, contrastive losses) sees each "
+                    "micro-batch alone; raise batch_size and lower the accumulation if it needs the whole batch.",
+                    UserWarning, stacklevel=2)
         if decided["accuracy"]:
             metrics.accuracy("accuracy", ignore_index=cfg.ignore_index).update(micro.outputs, micro.targets)
 

@@ -35,14 +35,18 @@ class Indexed(Dataset):
 
 
 class Recorder(nn.Module):
-    """A small classifier that records the index of every sample it trains on (zero-row batches add none)."""
+    """A small classifier that records the index of every sample it trains on (zero-row batches add none), and
+    counts the forwards of padding batches of real samples apart: the Trainer runs those with norm layers'
+    running statistics in eval mode (``trainwise.distributed.padding_forward``), which ``marker`` shows."""
 
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(1)
         self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+        self.marker = nn.BatchNorm1d(1, affine=False)  # never called; no parameters: the weights are net's
         self.seen: list[int] = []
         self.forwards = 0
+        self.padding_forwards = 0  # of them, forwards of a padding batch of real samples (trained with weight 0)
         self.interrupt_at: int | None = None  # raise KeyboardInterrupt at this training forward
 
     def forward(self, inputs: Any) -> torch.Tensor:
@@ -51,7 +55,10 @@ class Recorder(nn.Module):
             self.forwards += 1
             if self.forwards == self.interrupt_at:
                 raise KeyboardInterrupt
-            self.seen.extend(index.tolist())
+            if self.marker.training:
+                self.seen.extend(index.tolist())
+            else:
+                self.padding_forwards += 1
         return self.net(x)
 
 

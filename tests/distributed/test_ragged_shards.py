@@ -1,8 +1,10 @@
 """Ragged shards under DDP and FSDP are exact: 1,001 samples on 2 processes train exactly as on 1.
 
 Each rank gets every other batch of the one-process order (501 and 500 samples: nothing repeated, nothing
-dropped); the rank with one batch fewer ends its epoch with a zero-row batch that adds nothing to the
+dropped); the rank with one batch fewer ends its epoch with a padding batch that adds nothing to the
 gradient, so both run the same micro-batches, windows and collectives, and nobody waits for a peer forever.
+The padding is a batch of zero rows (``shard_loader``'s default) or, in the Trainer and with
+``padding="samples"``, real samples trained with weight 0 (for models that cannot take zero rows).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import torch.nn.functional as F
 from ragged_common import Indexed, N, Recorder, init, launch, trainer_options, weights
 from torch.nn.parallel import DistributedDataParallel
 
-from trainwise import GradientAccumulator, Trainer, seeded_loader
+from trainwise import GradientAccumulator, Trainer, forward_micro_batch, seeded_loader
 from trainwise.distributed import set_sampler_epoch, shard_loader
+from trainwise.errors import TrainwiseError
 
 EPOCHS = 3
 # (name, per-process batch on 2 processes, accumulation steps): 1,001 samples in batches of 50 are 21 batches,
@@ -23,19 +26,30 @@ EPOCHS = 3
 CASES = [("full", 50, 32), ("mini", 50, 2), ("mini64", 64, 3)]
 
 
-def hand_loop(model: Recorder, batch: int, steps: int, *, distributed: bool) -> int:
+def hand_loop(model: Recorder, batch: int, steps: int, *, distributed: bool, padding: str = "zero_rows") -> int:
     """A hand-written loop built from the public primitives only (no Trainer)."""
     loader = seeded_loader(Indexed(), batch_size=batch, seed=0)
     net: torch.nn.Module = model
     if distributed:
-        loader = shard_loader(loader, train=True, seed=0)
+        loader = shard_loader(loader, train=True, seed=0, padding=padding)
         net = DistributedDataParallel(model)
     accumulator = GradientAccumulator(torch.optim.SGD(model.parameters(), lr=0.5), steps=steps,
                                       distributed=distributed)
     for epoch in range(EPOCHS):
         set_sampler_epoch(loader, epoch)
-        for index, (inputs, targets) in enumerate(loader):
+        for index, loaded in enumerate(loader):
             last = accumulator.micro_batches + 1 >= accumulator.steps or index + 1 == len(loader)
+            if padding == "samples":  # forward_micro_batch knows a padding batch of real samples
+                with accumulator.sync_context(net, last=last):
+                    micro = forward_micro_batch(net, loaded)
+                    if micro.loss is None:
+                        accumulator.backward_empty(micro.outputs)
+                    else:
+                        accumulator.backward(micro.loss, count=micro.count)
+                if last:
+                    accumulator.step()
+                continue
+            inputs, targets = loaded
             with accumulator.sync_context(net, last=last):
                 outputs = net(inputs)
                 if len(targets):
@@ -48,7 +62,8 @@ def hand_loop(model: Recorder, batch: int, steps: int, *, distributed: bool) -> 
 
 
 def _record(model: Recorder, steps: int) -> dict:
-    return {"weights": weights(model), "seen": list(model.seen), "steps": steps, "forwards": model.forwards}
+    return {"weights": weights(model), "seen": list(model.seen), "steps": steps, "forwards": model.forwards,
+            "padding_forwards": model.padding_forwards}
 
 
 def _worker(rank: int, port: int, out: str, run_dir: str) -> None:
@@ -66,6 +81,9 @@ def _worker(rank: int, port: int, out: str, run_dir: str) -> None:
                 results[f"trainer-{kind}-{name}"] = _record(model, result.steps)
             model = Recorder()
             results[f"hand-{name}"] = _record(model, hand_loop(model, batch, steps, distributed=True))
+            model = Recorder()
+            results[f"hand-samples-{name}"] = _record(model, hand_loop(model, batch, steps, distributed=True,
+                                                                       padding="samples"))
         torch.save(results, f"{out}-{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -94,20 +112,21 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["trainer-ddp-full", "trainer-fsdp-full", "hand-full"])
+@pytest.mark.parametrize("name", ["trainer-ddp-full", "trainer-fsdp-full", "hand-full", "hand-samples-full"])
 def test_full_batch_gradient_descent_on_two_processes_equals_one(runs, name: str) -> None:
     ranks, single = runs
-    reference = single[name.replace("-ddp", "").replace("-fsdp", "")]
+    reference = single[name.replace("-ddp", "").replace("-fsdp", "").replace("-samples", "")]
     assert ranks[0][name]["steps"] == reference["steps"] == EPOCHS  # one optimizer step per epoch
     _same(ranks[0][name]["weights"], reference["weights"])
     _same(ranks[1][name]["weights"], reference["weights"])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["trainer-ddp-mini", "hand-mini", "trainer-ddp-mini64", "hand-mini64"])
+@pytest.mark.parametrize("name", ["trainer-ddp-mini", "hand-mini", "hand-samples-mini", "trainer-ddp-mini64",
+                                  "hand-mini64"])
 def test_mini_batches_on_two_processes_equal_one(runs, name: str) -> None:
     ranks, single = runs
-    reference = single[name.replace("-ddp", "")]
+    reference = single[name.replace("-ddp", "").replace("-samples", "")]
     assert ranks[0][name]["steps"] == ranks[1][name]["steps"] == reference["steps"]
     _same(ranks[0][name]["weights"], reference["weights"])
 
@@ -117,8 +136,12 @@ def test_every_sample_is_trained_on_exactly_once_per_epoch_and_no_rank_waits(run
     ranks, single = runs
     for name in ranks[0]:
         # the same number of forwards (and so of collectives) on both ranks; with batches of 50 rank 1's
-        # shard is one batch shorter and its last forward each epoch is a zero-row batch
+        # shard is one batch shorter and its last forward each epoch is a padding batch: zero rows in a hand
+        # loop, real samples (not recorded in seen) in the Trainer and with padding="samples"
         assert ranks[0][name]["forwards"] == ranks[1][name]["forwards"], name
+        samples = name.startswith("trainer") or name.startswith("hand-samples")
+        padded = EPOCHS if samples and not name.endswith("mini64") else 0  # 1,001 in 64s: 16 batches, 8 each
+        assert [ranks[rank][name]["padding_forwards"] for rank in (0, 1)] == [0, padded], name
         per_rank = [ranks[rank][name]["seen"] for rank in (0, 1)]
         sizes = [len(seen) // EPOCHS for seen in per_rank]  # each rank trains on the same shard size each epoch
         assert sum(sizes) == N and all(len(seen) % EPOCHS == 0 for seen in per_rank), name  # none padded in
@@ -161,6 +184,66 @@ def test_zero_row_padding_adds_nothing_and_leaves_batch_norm_statistics_alone() 
     F.cross_entropy(model(data.x[:3]), data.y[:3]).backward()
     for got, expected in zip(accumulator.optimizer.grads, [p.grad for p in model.parameters()], strict=True):
         torch.testing.assert_close(got, expected)
+
+
+class _FlattensByRows(torch.nn.Module):
+    """Flattens with ``x.view(x.size(0), -1)`` (as attention layers reshape): a batch of zero rows breaks it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm = torch.nn.BatchNorm1d(6)
+        self.head = torch.nn.Linear(6, 3)
+
+    def forward(self, inputs) -> torch.Tensor:
+        x, _ = inputs
+        return self.head(self.norm(x).view(x.size(0), -1))
+
+
+def test_padding_with_real_samples_adds_nothing_and_leaves_batch_norm_statistics_alone() -> None:
+    from torch.utils.data import DataLoader, default_collate
+
+    from trainwise.distributed import PADDING_SAMPLES, PaddingBatch, PaddingCollate, is_padding, zero_rows
+
+    data = Indexed(7)
+    model = _FlattensByRows().train()
+    (inputs, _), _ = zero_rows(default_collate([data[0]]))
+    with pytest.raises(RuntimeError, match="0 elements"):  # why zero rows do not do for such a model
+        model((inputs, None))
+    (padding,) = DataLoader(data, batch_sampler=[[]], collate_fn=PaddingCollate(default_collate, data, [3, 5],
+                                                                                padding="samples"))
+    assert is_padding(padding) and isinstance(padding, PaddingBatch) and PADDING_SAMPLES == 2
+    assert padding.batch[1].tolist() == data.y[[3, 5]].tolist()  # real samples, collated as every batch is
+    norm = model.norm
+    statistics = norm.running_mean.clone(), norm.running_var.clone(), norm.num_batches_tracked.clone()
+    micro = forward_micro_batch(model, padding)
+    assert micro.loss is None and micro.count == 0  # weight 0: no loss, no count
+    assert micro.outputs.shape == (0, 3) and micro.targets.shape == (0,)  # no metric counts it
+    assert norm.training  # eval only for the padding forward, then back
+    for before, after in zip(statistics, (norm.running_mean, norm.running_var, norm.num_batches_tracked)):
+        assert torch.equal(before, after)  # running statistics and num_batches_tracked untouched
+    accumulator = GradientAccumulator(_Capture(model.parameters()), steps=2)
+    accumulator.backward_empty(micro.outputs)
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())  # zeros, reached by backward
+    real = forward_micro_batch(model, [[data.x[:3], torch.arange(3)], data.y[:3]])
+    accumulator.backward(real.loss, count=real.count)
+    accumulator.step()  # the window: the padding and 3 samples, so the mean over those 3
+    model.zero_grad()
+    F.cross_entropy(model((data.x[:3], None)), data.y[:3]).backward()
+    for got, expected in zip(accumulator.optimizer.grads, [p.grad for p in model.parameters()], strict=True):
+        torch.testing.assert_close(got, expected)
+
+
+def test_padding_with_real_samples_refuses_sync_batch_norm_and_the_trainer_uses_zero_rows_for_it() -> None:
+    from trainwise.distributed import padding_for, padding_forward
+
+    plain = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.BatchNorm1d(4))
+    synced = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.SyncBatchNorm(4))
+    assert padding_for(plain) == "samples" and padding_for(synced) == "zero_rows"
+    with pytest.raises(TrainwiseError, match="padding='zero_rows'"), padding_forward(synced):
+        pass
+    with pytest.raises(TrainwiseError, match="padding must be 'zero_rows' or 'samples'"):
+        shard_loader(seeded_loader(Indexed(7), batch_size=2, seed=0), train=True, seed=0, padding="repeat")
 
 
 class _Capture(torch.optim.Optimizer):
