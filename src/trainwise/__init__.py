@@ -107,6 +107,7 @@ _EXPORTS = {
     "training_loader": "trainwise.data",
     "unfreeze": "trainwise.freezing",
     "unwrap_model": "trainwise.wrappers",
+    "unwrap_optimizer": "trainwise.wrappers",
 }
 
 __all__ = [
@@ -207,6 +208,7 @@ __all__ = [
     "training_loader",
     "unfreeze",
     "unwrap_model",
+    "unwrap_optimizer",
     "write_learning_curves_svg",
 ]
 
@@ -296,4 +298,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
     )
     from trainwise.tracking import Logger, MLflowLogger, TensorBoardLogger
     from trainwise.trainer import Trainer
-    from trainwise.wrappers import unwrap_model
+    from trainwise.wrappers import unwrap_model, unwrap_optimizer

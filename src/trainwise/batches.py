@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from trainwise.device import move_to_device
-from trainwise.distributed import is_padding, padding_forward, padding_outputs, zero_rows
+from trainwise.distributed import PaddingBatch, padding_forward, padding_outputs, zero_rows
 from trainwise.errors import TrainwiseError
 from trainwise.wrappers import unwrap_model
 
@@ -193,13 +193,18 @@ def forward_micro_batch(
     So does a padding batch of real samples (``trainwise.distributed.PaddingBatch``), with count 0 and its
     outputs and targets cut to zero rows: it runs the model (collectives and shapes stay valid), adds nothing.
     """
-    padding = is_padding(batch)  # real samples padding a rank's shard under DDP: trained with weight 0
-    if padding:
-        batch = batch.batch
+    if isinstance(batch, PaddingBatch):  # real samples padding a rank's shard under DDP: trained with weight 0
+        with padding_forward(model):
+            micro = forward_micro_batch(model, batch.batch, device=device, split=split, loss_fn=loss_fn,
+                                        count=count, ignore_index=ignore_index, reduction=reduction,
+                                        autocast=autocast)
+        # no loss, no count; zero rows for the metrics, still attached to the graph for backward_empty
+        micro.outputs = padding_outputs(micro.outputs, micro.loss if micro.model_loss else None)
+        micro.loss, micro.count, micro.targets = None, 0, zero_rows(micro.targets)
+        return micro
     inputs, targets = split(batch)
     tokens = count == "tokens"
-    module = unwrap_model(model) if isinstance(model, torch.nn.Module) else model
-    shift = _measured_shift(module) if tokens and loss_fn is None else 0  # None: not measured yet
+    shift = _measured_shift(model) if tokens and loss_fn is None else 0  # None: not measured yet
     if targets is None:
         items: Any = count_items(inputs) if not tokens else _no_target_tokens()
     else:
@@ -213,7 +218,7 @@ def forward_micro_batch(
         inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
     signature = _signature(model)  # read once a step: it sits on every step's path
     labels_passed = signature.takes_labels and targets is not None
-    with autocast(), (padding_forward(model) if padding else contextlib.nullcontext()):
+    with autocast():
         outputs = _call(model, inputs, targets, signature)
         own_loss, logits = model_loss_and_logits(outputs, labels_passed=labels_passed)
         if logits is None and loss_fn is not None:
@@ -227,10 +232,10 @@ def forward_micro_batch(
             if own_loss is None:
                 shift = 0  # trainwise's cross-entropy: the labels as they are
             else:
-                shift = label_shift(module, own_loss, logits, targets, ignore_index=ignore_index)
+                shift = label_shift(model, own_loss, logits, targets, ignore_index=ignore_index)
                 if shift is not None:
                     with contextlib.suppress(TypeError):  # a callable that takes no weak reference: measured again
-                        _LABEL_SHIFT[module] = shift
+                        _LABEL_SHIFT[model] = shift
             if shift:
                 items = int(shifted)
         if items == 0:
@@ -245,18 +250,16 @@ def forward_micro_batch(
                     "a batch without a target needs a loss: pass loss_fn=lambda outputs, targets: ... (targets "
                     "is None), or return the loss from the model."
                 )
-            _warn_if_unshifted_language_model(module, inputs, logits, targets, ignore_index)
+            if isinstance(logits, torch.Tensor) and logits.dim() == 3 and model not in _CHECKED_FOR_UNSHIFTED:
+                _warn_if_unshifted_language_model(model, inputs, logits, targets, ignore_index)
             loss = default_loss(logits, targets, ignore_index=ignore_index)
-    model_loss = loss_fn is None and own_loss is not None
-    if padding:  # no loss, no count; zero rows for the metrics, still attached to the graph for backward_empty
-        loss, items, logits, targets = None, 0, padding_outputs(logits, own_loss), zero_rows(targets)
     return MicroBatch(loss=loss, count=items, outputs=logits, targets=targets, reduction=reduction,
-                      model_loss=model_loss)
+                      model_loss=loss_fn is None and own_loss is not None)
 
 
 # label shift of each model's own token loss, measured on its first batch (0: labels as they are, 1: causal)
 _LABEL_SHIFT: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-_WARNED_UNSHIFTED: weakref.WeakSet[Any] = weakref.WeakSet()
+_CHECKED_FOR_UNSHIFTED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _measured_shift(module: Any) -> int | None:
@@ -278,6 +281,8 @@ def label_shift(model: Any, loss: torch.Tensor, logits: Any, labels: Any, *, ign
     they are and shifted by one. A loss that matches neither (label smoothing, an auxiliary loss added, a
     sum) averages over something trainwise cannot count, and is refused.
     """
+    if isinstance(model, torch.nn.Module):
+        model = unwrap_model(model)
     name = type(model).__name__
     declared = _declared_shift(model)
     if not (isinstance(logits, torch.Tensor) and isinstance(labels, torch.Tensor) and logits.dim() >= 2
@@ -342,14 +347,16 @@ def _no_target_tokens() -> int:
 def _warn_if_unshifted_language_model(module: Any, inputs: Any, logits: Any, targets: Any, ignore_index: int) -> None:
     """Say once when cross-entropy is about to train (B, T, V) logits to predict the (B, T) input tokens at
     their own positions: the signature of a causal LM whose loss lost its label shift."""
-    if module in _WARNED_UNSHIFTED or not isinstance(inputs, Mapping):
+    with contextlib.suppress(TypeError):  # looked at once per model (a callable without weak references: each time)
+        _CHECKED_FOR_UNSHIFTED.add(module)
+    if not isinstance(inputs, Mapping):
         return
     ids = inputs.get("input_ids")
     if not (isinstance(logits, torch.Tensor) and logits.dim() == 3 and isinstance(targets, torch.Tensor)
             and isinstance(ids, torch.Tensor) and ids.shape == targets.shape == logits.shape[:-1]):
         return
-    with contextlib.suppress(TypeError):
-        _WARNED_UNSHIFTED.add(module)
+    if isinstance(module, torch.nn.Module):
+        module = unwrap_model(module)
     counted = targets != ignore_index
     if bool(counted.any()) and bool((ids[counted] == targets[counted]).all()):
         warnings.warn(

@@ -251,9 +251,13 @@ class StackSamples:
     """torch's default collate, with one sentence in place of the error from samples it cannot stack, and a
     refusal of Python lists (which it would transpose into one tensor per position)."""
 
+    def __init__(self) -> None:
+        self.checked = False  # the first batch's first sample is looked at; the rest collate as torch does
+
     def __call__(self, samples: list[Any]) -> Any:
-        if samples:
+        if not self.checked and samples:
             _refuse_python_lists(samples[0])
+            self.checked = True
         try:
             return default_collate(samples)
         except (RuntimeError, TypeError) as error:

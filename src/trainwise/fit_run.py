@@ -117,9 +117,12 @@ def install_guards(run: Run, config: TrainerConfig) -> None:
     skipped = RULED_OUT_BY_THE_LOOP | ({"TW108"} if cfg.train_norm_stats else set())
     codes = [c.code for c in all_check_classes() if c.code not in skipped]
     try:
-        run.guard_hooks = Guard(run.model, run.optimizer, action="raise" if cfg.guards == "raise" else "record",
+        # the models the loop calls: with compile=True their forwards are hooked outside the compiled region,
+        # so the checks add no graph break to the user's module
+        run.guard_hooks = Guard(run.forward_model, run.optimizer,
+                                action="raise" if cfg.guards == "raise" else "record",
                                 check_every=cfg.log_every, on_finding=found, checks=codes,
-                                forward_every=GUARD_FORWARD_EVERY)
+                                forward_every=GUARD_FORWARD_EVERY, other_wrappers=[run.eval_model])
     except BaseException:
         close_run(run)
         raise

@@ -241,7 +241,10 @@ class Trainer:
         run.checkpoint_config = {**self.config.to_dict(), FACTS_KEY: run.facts}  # once: every checkpoint records it
         self._open_run_folder(run)
         for note in notes:
-            if note.pop("shown", False) or "norm_layers" in note:
+            if note.pop("shown", False):  # printed only: config.json records the device, precision and reasons
+                run.progress.message(note["message"])
+                continue
+            if "norm_layers" in note:
                 run.progress.message(note["message"])
             run.log.write({"kind": "note", **note})
         resume_run(run, self.config, is_main=self._dist.is_main)

@@ -136,3 +136,27 @@ def test_a_deep_copy_of_a_guarded_model_zeroes_only_its_own_gradients():
         ema(torch.randn(4, 3)).sum().backward()
         ema.zero_grad()
         assert model.weight.grad is not None and ema.weight.grad is None
+
+
+@pytest.mark.parametrize("zeroing", ["zero_grad", "by_hand", "none"])
+def test_a_step_given_a_closure_is_judged_after_the_closure_ran(zeroing):
+    """LBFGS (and Lightning's automatic optimization) zero the gradients and run backward inside
+    ``step(closure)``, after the step's pre-hook: judged there, gradients set to None by hand in the closure
+    used to be reported as TW105."""
+    model, _, batches = _setup()
+    optimizer = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=3)
+    with trainwise.guard(model, optimizer, action="record", checks=["TW105"]) as guard:
+        for batch in batches:
+            def closure(batch=batch):
+                if zeroing == "zero_grad":
+                    optimizer.zero_grad()
+                elif zeroing == "by_hand":
+                    for p in model.parameters():
+                        p.grad = None
+                loss = _loss(model, batch)
+                loss.backward()
+                return loss
+
+            optimizer.step(closure)
+    assert guard.step == len(batches)
+    assert [f.code for f in guard.findings] == (["TW105"] if zeroing == "none" else [])

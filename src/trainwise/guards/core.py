@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
 
 from trainwise.errors import TrainwiseError
+from trainwise.wrappers import is_compiled_module, model_layers, optimizer_layers
 
 Action = Literal["warn", "raise", "record"]
 
@@ -132,6 +133,13 @@ class Guard:
     (steps 0, k, 2k...; the hooks are removed in between), for mistakes that repeat on every step: the
     forward-time checks then cost 1/k of their time. Inside ``with guard.watching_forwards():`` every forward
     is checked. The optimizer-step checks (TW105, TW107, TW113) run on every step either way.
+
+    ``model`` and ``optimizer`` may be wrapped (DDP, ``torch.compile``; Accelerate's or Lightning's optimizer):
+    the checks look at the user's module (``guard.model``) and at the optimizer that really steps
+    (``guard.optimizer``). A ``torch.compile`` module's forward is hooked outside the compiled region, so the
+    checks add no graph break; the module inside is hooked too, for calls that bypass the compiled one.
+    ``other_wrappers`` are more wrappers of the same module whose forwards are checked as well (the Trainer's
+    separately compiled evaluation model).
     """
 
     def __init__(
@@ -144,12 +152,16 @@ class Guard:
         checks: list[str] | None = None,
         on_finding: Callable[[GuardFinding], None] | None = None,
         forward_every: int = 1,
+        other_wrappers: Sequence[torch.nn.Module] = (),
     ) -> None:
         from trainwise.guards.registry import check_classes
 
         if not isinstance(model, torch.nn.Module):
             raise TrainwiseError(f"guard() watches a torch.nn.Module, got {type(model).__name__}.")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        # the optimizer that steps, inside Accelerate's AcceleratedOptimizer (which has no step hooks of its own)
+        # or Lightning's LightningOptimizer (whose zero_grad does not call the inner optimizer's)
+        self.optimizer_layers = optimizer_layers(optimizer) if optimizer is not None else []
+        if optimizer is not None and not isinstance(self.optimizer_layers[-1], torch.optim.Optimizer):
             raise TrainwiseError(f"guard()'s optimizer must be a torch optimizer, got {type(optimizer).__name__}.")
         if action not in ("warn", "raise", "record"):
             raise TrainwiseError(f"action must be 'warn', 'raise' or 'record', got {action!r}.")
@@ -157,7 +169,11 @@ class Guard:
             raise TrainwiseError(f"check_every must be a positive integer, got {check_every!r}.")
         if not isinstance(forward_every, int) or isinstance(forward_every, bool) or forward_every < 1:
             raise TrainwiseError(f"forward_every must be a positive integer, got {forward_every!r}.")
-        self.model, self.optimizer, self.action = model, optimizer, action
+        self.model_layers = model_layers(model)  # as given, then each module it wraps: the last is the user's
+        self.model = self.model_layers[-1]
+        self._entries = self._compiled_entries([model, *other_wrappers])
+        self.optimizer = self.optimizer_layers[-1] if optimizer is not None else None
+        self.action = action
         self.check_every = check_every
         self.on_finding = on_finding
         self.step = 0  # optimizer steps taken while guarded
@@ -170,12 +186,31 @@ class Guard:
         self._forward_handles: list[Any] = []
         self._forward_on = False
         self._watching = 0  # nested watching_forwards() blocks
+        self._in_entry = 0  # forwards of a compiled entry running: the module inside is checked there
+        # the forward hooks are inside a compiled region: never removed before close (the module compiled in
+        # place, or a hook seen running from a compiled graph)
+        self._hooks_stay = getattr(self.model, "_compiled_call_impl", None) is not None
+        self.closure_step = False  # the optimizer step running was given a closure (it runs backward itself)
         self.checks = [cls(self) for cls in check_classes(checks)]
         self._closed = False
         self.closing = False  # True during the last on_check (at close)
         self._install()
 
     # -- hooks ---------------------------------------------------------------------------------------
+
+    def _compiled_entries(self, wrappers: list[torch.nn.Module]) -> list[torch.nn.Module]:
+        """The outermost ``torch.compile`` module of each wrapper (of ``self.model``), once each: hooked, so the
+        checks run outside the compiled region instead of inside the user's module, where each is a graph break."""
+        entries: list[torch.nn.Module] = []
+        for wrapper in wrappers:
+            layers = model_layers(wrapper)
+            if layers[-1] is not self.model:
+                raise TrainwiseError(f"other_wrappers must wrap the guarded model, but a {type(wrapper).__name__} "
+                                     f"wraps a {type(layers[-1]).__name__}.")
+            compiled = next((layer for layer in layers if is_compiled_module(layer)), None)
+            if compiled is not None and not any(compiled is entry for entry in entries):
+                entries.append(compiled)
+        return entries
 
     def _install(self) -> None:
         def wants(name: str) -> list[Any]:
@@ -185,29 +220,65 @@ class Guard:
             check.on_install()
         before_forward, after_forward = wants("before_forward"), wants("after_forward")
         before_step, after_step = wants("before_step"), wants("after_step")
-        if before_forward:
-            def pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-                for call in before_forward:
-                    call(module, args, kwargs)
+        model = self.model  # what the checks see, whichever wrapper's forward ran
 
+        def run_pre(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            for call in before_forward:
+                call(model, args, kwargs)
+
+        def run_post(args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+            replaced = None
+            for call in after_forward:
+                result = call(model, args, kwargs, output if replaced is None else replaced)
+                replaced = result if result is not None else replaced
+            return replaced
+
+        # Hooks traced by torch.compile (the user's module compiled in place, or by a wrapper the guard was not
+        # given): the checks run eagerly, called from the compiled graph at the price of a graph break each,
+        # rather than once at trace time. A compiled graph keeps the hooks it was traced with (torch does not
+        # guard on hooks), so from then on they stay, switched by _forward_on. torch._disable_dynamo is the lazy
+        # torch.compiler.disable: importing torch._dynamo costs a second, and only a compiled run needs it.
+        def traced_pre(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            self._hooks_stay = True
+            if self._forward_on:
+                run_pre(args, kwargs)
+
+        def traced_post(args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+            self._hooks_stay = True
+            return run_post(args, kwargs, output) if self._forward_on else None
+
+        eager_pre, eager_post = torch._disable_dynamo(traced_pre), torch._disable_dynamo(traced_post)
+
+        def pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if torch.compiler.is_compiling():
+                return eager_pre(args, kwargs)
+            if self._forward_on:
+                for call in before_forward:
+                    call(model, args, kwargs)
+            return None
+
+        def post(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+            if torch.compiler.is_compiling():
+                return eager_post(args, kwargs, output)
+            return run_post(args, kwargs, output) if self._forward_on else None
+
+        if before_forward:
             self._forward_hooks.append((pre, True))
         if after_forward:
-            def post(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
-                replaced = None
-                for call in after_forward:
-                    result = call(module, args, kwargs, output if replaced is None else replaced)
-                    replaced = result if result is not None else replaced
-                return replaced
-
             self._forward_hooks.append((post, False))
+        if self._entries and self._forward_hooks:
+            self._hook_inside_compiled(pre if before_forward else None, post if after_forward else None)
         self._set_forward_hooks(True)  # step 0 is always watched
         if self.optimizer is not None:
             def step_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+                # torch passes step's own arguments, the optimizer first: step(closure) or step(closure=...)
+                self.closure_step = (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
                 for call in before_step:
                     call(optimizer)
 
             def step_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
                 self.step += 1
+                self._in_entry = 0  # no forward runs between steps (one interrupted by Ctrl-C left it counted)
                 for call in after_step:
                     call(optimizer)
                 if self.forward_every > 1 and not self._watching:
@@ -220,18 +291,52 @@ class Guard:
             self._handles.append(self.optimizer.register_step_pre_hook(step_pre))
             self._handles.append(self.optimizer.register_step_post_hook(step_post))
 
+    def _hook_inside_compiled(self, pre: Callable[..., None] | None, post: Callable[..., Any] | None) -> None:
+        """With compiled entries: hooks that stay on the user's module until ``close`` (a compiled graph keeps the
+        hooks it was traced with) and check only its calls that bypass the compiled entries; inside a compiled
+        region they return at once, so tracing them adds nothing to the graph."""
+        def inside(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if torch.compiler.is_compiling() or self._in_entry or not self._forward_on:
+                return
+            pre(module, args, kwargs)  # type: ignore[misc]
+
+        def inside_post(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+            if torch.compiler.is_compiling() or self._in_entry or not self._forward_on:
+                return None
+            return post(module, args, kwargs, output)  # type: ignore[misc]
+
+        if pre is not None:
+            self._handles.append(self.model.register_forward_pre_hook(inside, with_kwargs=True))
+        if post is not None:
+            self._handles.append(self.model.register_forward_hook(inside_post, with_kwargs=True))
+        for entry in self._entries:  # count the entries' forwards running, also those that raise
+            self._handles.append(entry.register_forward_pre_hook(self._enter_entry))
+            self._handles.append(entry.register_forward_hook(self._leave_entry, always_call=True))
+
+    def _enter_entry(self, module: torch.nn.Module, args: Any) -> None:
+        self._in_entry += 1
+
+    def _leave_entry(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._in_entry -= 1
+
     def _set_forward_hooks(self, on: bool) -> None:
         if on == self._forward_on or (on and self._closed):
             return
         self._forward_on = on
+        if self._hooks_stay and self._forward_handles:
+            return  # hooks a compiled graph calls: switched by _forward_on, removed only at close
         if on:
-            for hook, is_pre in self._forward_hooks:
-                register = self.model.register_forward_pre_hook if is_pre else self.model.register_forward_hook
-                self._forward_handles.append(register(hook, with_kwargs=True))
+            for module in self._entries or [self.model]:
+                for hook, is_pre in self._forward_hooks:
+                    register = module.register_forward_pre_hook if is_pre else module.register_forward_hook
+                    self._forward_handles.append(register(hook, with_kwargs=True))
         else:
-            for handle in self._forward_handles:
-                handle.remove()
-            self._forward_handles.clear()
+            self._remove_forward_hooks()
+
+    def _remove_forward_hooks(self) -> None:
+        for handle in self._forward_handles:
+            handle.remove()
+        self._forward_handles.clear()
 
     @contextlib.contextmanager
     def watching_forwards(self) -> Iterator[None]:
@@ -288,7 +393,8 @@ class Guard:
             if check:
                 self.check_now()
         finally:
-            self._set_forward_hooks(False)
+            self._forward_on = False
+            self._remove_forward_hooks()
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
@@ -311,6 +417,7 @@ def guard(
     checks: list[str] | None = None,
     forward_every: int = 1,
 ) -> Guard:
-    """Watch ``model`` and ``optimizer`` for the doctor's mistakes while your loop runs (see :class:`Guard`)."""
+    """Watch ``model`` and ``optimizer`` for the doctor's mistakes while your loop runs (see :class:`Guard`);
+    either may be wrapped (DDP, ``torch.compile``, Accelerate's ``prepare``, Lightning's ``self.optimizers()``)."""
     return Guard(model, optimizer, action=action, check_every=check_every, checks=checks,
                  forward_every=forward_every)

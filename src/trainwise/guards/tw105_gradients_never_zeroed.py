@@ -19,7 +19,10 @@ class GradientsNeverZeroed(Check):
     added to them, so the step applies every earlier batch's gradient again.
 
     ``optimizer.zero_grad`` and ``model.zero_grad`` are wrapped (instance attributes, removed at ``close``) to
-    note that zeroing happened; ``p.grad = None`` by hand replaces the tensors, which weak references notice.
+    note that zeroing happened, on every wrapper as well: Lightning's ``LightningOptimizer.zero_grad`` zeroes
+    the gradients without calling the inner optimizer's, DDP's zeroes them without the module's. ``p.grad =
+    None`` by hand replaces the tensors, which weak references notice. A step given a closure (LBFGS,
+    Lightning's automatic optimization) runs ``zero_grad`` and ``backward`` inside ``step()``: judged after it.
     """
 
     code = "TW105"
@@ -34,7 +37,7 @@ class GradientsNeverZeroed(Check):
             self._watched: list[torch.Tensor] = []
             return
         self._watched = [p for group in optimizer.param_groups for p in group["params"]][:_WATCHED]
-        for owner in (optimizer, self.guard.model):
+        for owner in [*self.guard.optimizer_layers, *self.guard.model_layers]:
             self._wrap(owner)
 
     def _wrap(self, owner: Any) -> None:
@@ -46,6 +49,10 @@ class GradientsNeverZeroed(Check):
         self._zeroed = True
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self.guard.closure_step:  # otherwise the gradients this step applies do not exist yet
+            self._judge(optimizer)
+
+    def _judge(self, optimizer: torch.optim.Optimizer) -> None:
         if self._zeroed or self._done or not self._last:
             self._zeroed = False
             return
@@ -59,6 +66,8 @@ class GradientsNeverZeroed(Check):
             )
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.guard.closure_step:
+            self._judge(optimizer)
         if not self._done:
             self._last = [(p, weakref.ref(g)) for p in self._watched if (g := p.grad) is not None]
 
