@@ -129,6 +129,18 @@ FAST = [
     Case("fit-unknown-flag", ("fit", "{config}", "--bogus"), contains=("unrecognized arguments: --bogus",)),
     Case("fit-unknown-option", ("fit", "{config}", "epochz=3"), contains=("epochz", "epochs")),
     Case("fit-unknown-table", ("fit", "{config}", "modle.factory=x:y"), contains=("unknown table 'modle'",)),
+    Case("fit-deeply-nested-config", ("fit", "{deep_toml}"), contains=("nests arrays or tables too deeply",)),
+    Case("fit-deeply-nested-override", ("fit", "{config}", "model.kwargs.width={deep_value}"),
+         contains=("nests too deeply to read",)),
+    Case("fit-factory-module-raises", ("fit", "{config}", "model.factory=cli_bad_raises:model"),
+         contains=("importing module 'cli_bad_raises' raised ValueError ('no settings file')",
+                   "at cli_bad_raises.py:3")),
+    Case("fit-factory-module-syntax-error", ("fit", "{config}", "model.factory=cli_bad_syntax:model"),
+         contains=("module 'cli_bad_syntax' has a syntax error at cli_bad_syntax.py:2",)),
+    Case("fit-factory-module-exits-0", ("fit", "{config}", "model.factory=cli_bad_exits:model"),
+         contains=("raised SystemExit (sys.exit(0)) at cli_bad_exits.py:2",)),
+    Case("fit-factory-module-import-error", ("fit", "{config}", "data.factory=cli_bad_imports:data"),
+         contains=("importing module 'cli_bad_imports' raised ImportError", "at cli_bad_imports.py:1")),
     Case("ckpt-no-action", ("ckpt",), contains=("trainwise ckpt inspect FILE",)),
     Case("ckpt-unknown-action", ("ckpt", "bogus"), contains=("invalid choice: 'bogus'",)),
     Case("ckpt-unknown-format", ("ckpt", "inspect", "x.pt", "--format", "xml"), contains=("invalid choice",)),
@@ -162,6 +174,12 @@ def plain_files(tmp_path_factory) -> dict[str, str]:
     (folder / "cli_factories.py").write_text(FACTORIES)
     (folder / "config.toml").write_text(CONFIG)
     (folder / "a-folder").mkdir()
+    (folder / "deep.toml").write_text("x = " + "[" * 3000 + "]" * 3000 + "\n")  # RecursionError in tomllib
+    (folder / "cli_bad_raises.py").write_text("import os\n\nraise ValueError('no settings file')\n")
+    (folder / "cli_bad_syntax.py").write_text("def model():\n    return (\n")
+    (folder / "cli_bad_exits.py").write_text("import sys\nsys.exit(0)\n")  # fit must not exit 0 untrained
+    (folder / "cli_bad_imports.py").write_text("from os import no_such_name\n")  # ImportError, not "not installed"
+    (folder / "cli_exits_in_call.py").write_text("import sys\n\n\ndef data():\n    sys.exit(0)\n")
     project = folder / "project"
     project.mkdir()
     for i in range(400):  # enough findings that the output outgrows any pipe buffer
@@ -173,6 +191,8 @@ def plain_files(tmp_path_factory) -> dict[str, str]:
         "empty_toml": str(folder / "empty.toml"),
         "config": str(folder / "config.toml"),
         "folder": str(folder / "a-folder"),
+        "deep_toml": str(folder / "deep.toml"),
+        "deep_value": "[" * 3000 + "]" * 3000,
         "doctor_project": str(project),
     }
 
@@ -204,6 +224,26 @@ def _unavailable_device() -> str | None:
 
 
 UNAVAILABLE = _unavailable_device()
+# A folder no user can create files in, root included (sysfs refuses new files); None off Linux.
+UNWRITABLE_FOLDER = "/sys/kernel" if os.path.isdir("/sys/kernel") else None
+# What a case needs that this machine may lack: the case is skipped with the reason.
+NEEDS = {
+    "fit-tensorboard-folder-unwritable": ("tensorboard", UNWRITABLE_FOLDER is not None),
+    "lab-plot-under-a-file": ("matplotlib", True),
+    "lab-plot-under-proc": ("matplotlib", os.path.isdir("/proc")),
+}
+
+
+def _missing(case_id: str) -> str | None:
+    """Why a case cannot run here, or None."""
+    import importlib.util
+
+    if case_id not in NEEDS:
+        return None
+    package, possible = NEEDS[case_id]
+    if importlib.util.find_spec(package) is None:
+        return f"needs {package}"
+    return None if possible else "needs Linux's /sys and /proc"
 
 SLOW = [  # what the in-process tests of each command cannot show: the process as a user runs it
     # demo
@@ -221,6 +261,17 @@ SLOW = [  # what the in-process tests of each command cannot show: the process a
          contains=("use device=auto",)),
     Case("fit-run-folder-taken", ("fit", "{config}", "run_dir={run}"),
          contains=("resume=auto", "overwrite=true")),
+    Case("fit-data-factory-exits-0", ("fit", "{config}", "data.factory=cli_exits_in_call:data",
+                                      "run_dir={root}/fit-d"),
+         contains=("[data] factory cli_exits_in_call:data raised SystemExit (sys.exit(0)) at cli_exits_in_call.py:5",)),
+    # TensorBoard's writer thread printed its own traceback after our sentence; /sys denies root too
+    Case("fit-tensorboard-folder-unwritable", ("fit", "{config}", "loggers=tensorboard", "run_dir={tb_run}"),
+         contains=("the tensorboard folder", "is not writable", "leave 'tensorboard' out of loggers")),
+    # lab: a --plot folder that cannot be made (as root too: under a file, under /proc)
+    Case("lab-plot-under-a-file", ("lab", "accuracy", "--plot", "{text}/plots"),
+         contains=("--plot", "a part of its path is a file")),
+    Case("lab-plot-under-proc", ("lab", "accuracy", "--plot", "/proc/trainwise-plots/x"),
+         contains=("--plot /proc/trainwise-plots/x cannot be created",)),
     # ckpt
     Case("ckpt-inspect-missing", ("ckpt", "inspect", "{root}/missing.pt"), contains=("does not exist",)),
     Case("ckpt-inspect-text", ("ckpt", "inspect", "{text}"), contains=("not a checkpoint",)),
@@ -293,6 +344,9 @@ def torch_files(plain_files) -> dict[str, str]:
     (root / "empty.pt").write_bytes(b"")
     (root / "empty.pt2").write_bytes(b"")
     (root / "keep.pt").write_bytes(b"a file convert must not replace")
+    tb_run = root / "tb-run"  # its tensorboard/ a link to a folder nobody may write in, root included
+    tb_run.mkdir()
+    (tb_run / "tensorboard").symlink_to(UNWRITABLE_FOLDER or root / "missing")
     return {
         **plain_files,
         "run": str(run_dir),
@@ -303,6 +357,7 @@ def torch_files(plain_files) -> dict[str, str]:
         "empty_pt": str(root / "empty.pt"),
         "empty_pt2": str(root / "empty.pt2"),
         "keep": str(root / "keep.pt"),
+        "tb_run": str(tb_run),
         **{name: str(root / f"{name}.npy") for name in arrays},
     }
 
@@ -317,7 +372,7 @@ def slow_outcomes(torch_files):
         futures = {
             case.id: pool.submit(run, materialise(case, torch_files), root, closed_stdout=case.closed_stdout)
             for case in SLOW
-            if UNAVAILABLE is not None or "not-here" not in case.id
+            if (UNAVAILABLE is not None or "not-here" not in case.id) and _missing(case.id) is None
         }
         outcomes = {name: future.result() for name, future in futures.items()}
     after = {name: Path(torch_files[name]).read_bytes() for name in before}
@@ -329,7 +384,7 @@ def slow_outcomes(torch_files):
 def test_slow_user_errors(case, torch_files, slow_outcomes):
     outcomes, _ = slow_outcomes
     if case.id not in outcomes:
-        pytest.skip("every device is available here")
+        pytest.skip(_missing(case.id) or "every device is available here")
     case = dataclasses.replace(
         case,
         contains=tuple(text.format(**torch_files) for text in case.contains),

@@ -364,3 +364,27 @@ def test_a_refused_resume_leaves_the_run_record_alone(capsys, tiny, tmp_path):
     code, _, err = fit(capsys, config, f"run_dir={run_dir}", "plot=false", "resume=auto", "batch_size=4", "epochs=2")
     assert code == 2 and "batch_size 8 -> 4" in err and "Traceback" not in err
     assert (run_dir / "fit.json").read_bytes() == before
+
+
+def test_a_refused_resume_of_a_folder_without_fit_json_leaves_every_file_as_it_was(capsys, tiny, tmp_path):
+    """A run folder the Python API made has no fit.json: a refused CLI resume must not create one."""
+    import hashlib
+
+    _, write = tiny
+    config = write(TINY_CONFIG)
+    run_dir = tmp_path / "run"
+    code, _, err = fit(capsys, config, f"run_dir={run_dir}", "plot=false")
+    assert code == 0, err
+    (run_dir / "fit.json").unlink()
+
+    def digest():
+        return {p.relative_to(run_dir): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+    before = digest()
+    code, _, err = fit(capsys, config, f"run_dir={run_dir}", "plot=false", "resume=auto", "batch_size=4", "epochs=2")
+    assert code == 2 and "batch_size 8 -> 4" in err
+    assert digest() == before
+    code, _, err = fit(capsys, config, f"run_dir={run_dir}", "plot=false", "resume=auto", "epochs=2")
+    assert code == 0, err
+    assert json.loads((run_dir / "fit.json").read_text())["trainer"]["epochs"] == 2  # written once it continued

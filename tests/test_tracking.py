@@ -297,3 +297,50 @@ def test_from_config_keeps_the_logger_names_and_adds_logger_objects(tmp_path):
     assert trainer.config.loggers == ["jsonl"] and trainer.logger_objects == [recorder]
     trainer.fit(lambda: nn.Linear(8, 2), _data())
     assert recorder.status == "finished"
+
+
+def test_a_logger_that_blocks_costs_one_timeout_and_is_switched_off(tmp_path):
+    """A real blocking logger (log_metrics waits on an event nobody sets): before, fit never returned."""
+    import threading
+    import time
+
+    release = threading.Event()
+
+    class Blocks(Recorder):
+        call_timeout = 0.5
+        calls = 0
+
+        def log_metrics(self, metrics, step):
+            Blocks.calls += 1
+            release.wait(60)  # a hung network call
+
+    blocked, healthy = Blocks(), Recorder()
+    started = time.monotonic()
+    try:
+        result = _trainer(tmp_path / "run", loggers=[blocked, healthy]).fit(lambda: nn.Linear(8, 2), _data())
+        seconds = time.monotonic() - started
+    finally:
+        release.set()
+    assert result.stopped == "completed" and seconds < 20, seconds
+    assert Blocks.calls == 1 and blocked.status is None  # never called again, not even finish
+    assert healthy.status == "finished" and len(_history(healthy, "train_loss")) == 2
+    failures = [r for r in read_log(result.run_dir) if r["kind"] == "logger_failed"]
+    assert len(failures) == 1 and "has not returned from log_metrics after 0.5 s" in failures[0]["message"]
+
+
+def test_logger_calls_run_in_order_one_at_a_time(tmp_path):
+    import threading
+
+    class Order(Recorder):
+        def __init__(self):
+            super().__init__()
+            self.threads = set()
+
+        def log_metrics(self, metrics, step):
+            self.threads.add(threading.current_thread().name)
+            super().log_metrics(metrics, step)
+
+    order = Order()
+    _trainer(tmp_path / "run", loggers=[order]).fit(lambda: nn.Linear(8, 2), _data())
+    steps = [step for step, _ in order.metrics]
+    assert steps == sorted(steps) and len(order.threads) == 1 and order.status == "finished"

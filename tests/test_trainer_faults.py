@@ -99,8 +99,10 @@ def test_a_second_fit_on_a_busy_run_dir_is_refused_naming_the_holder(tmp_path):
     assert [r["kind"] for r in records].count("start") == 1  # the refused run wrote nothing
     config = json.loads((run_dir / "config.json").read_text())
     assert config["trainer"]["batch_size"] == 8  # the first run's, not the refused one's
-    # the lock ends with the run: the same folder can be continued now
-    _trainer(run_dir, epochs=3, batch_size=8, resume="auto").fit(nn.Sequential(nn.Linear(8, 4)), _data(40))
+    # the lock ends with the run: the same folder can be continued now (on other data of the same size, which
+    # the resume sees by its fingerprint and is told to allow)
+    _trainer(run_dir, epochs=3, batch_size=8, resume="auto", resume_mismatch="allow").fit(
+        nn.Sequential(nn.Linear(8, 4)), _data(40))
 
 
 def test_the_lock_is_released_when_its_holder_is_killed(tmp_path):
@@ -181,12 +183,48 @@ def test_unwritable_run_dir_is_refused_before_training():
     else:
         command = [sys.executable, "-c"]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HOME": str(folder)}
+    if os.geteuid() == 0:
+        skip_unless_importable_as(command, env)
     out = subprocess.run([*command, textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "is not writable (Permission denied); choose another run_dir." in out.stdout
     assert list(folder.iterdir()) == []
     folder.chmod(0o755)
     shutil.rmtree(base)
+
+
+def skip_unless_importable_as(command: list[str], env: dict[str, str]) -> None:
+    """Skip, with the reason, when the unprivileged user of ``command`` cannot run this interpreter and import
+    torch and this checkout's trainwise (a clone in a private folder, such as ``mktemp -d`` makes)."""
+    check = "import torch, trainwise; print(trainwise.__file__)"
+    try:
+        out = subprocess.run([*command, check], env=env, capture_output=True, text=True, timeout=120)
+    except OSError as exc:
+        pytest.skip(f"cannot start {command[0]}: {exc}")
+    expected = REPO / "src" / "trainwise" / "__init__.py"
+    found = out.stdout.strip().splitlines()[-1:] if out.returncode == 0 else []
+    if not found or Path(found[0]).resolve() != expected.resolve():
+        why = (out.stderr.strip().splitlines() or ["no error"])[-1] if out.returncode else f"it imports {found}"
+        pytest.skip(f"user nobody cannot import torch and this checkout's trainwise ({why}); clone into a folder "
+                    "other users can read (not a private mktemp -d) to run this test")
+
+
+@pytest.mark.slow
+def test_the_unprivileged_check_skips_where_the_user_cannot_read_the_interpreter(tmp_path):
+    """A clone inside a private folder: the interpreter there cannot even be started by nobody, so the test
+    that drops to nobody must skip with the reason instead of failing with ModuleNotFoundError."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv, as the check it tests")
+    private = tmp_path / "private"  # what mktemp -d makes: 0700, owned by root
+    private.mkdir(mode=0o700)
+    (private / "python").symlink_to(sys.executable)
+    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(private / "python"), "-c"]
+    with pytest.raises(pytest.skip.Exception, match="user nobody cannot import torch and this checkout's"):
+        skip_unless_importable_as(command, {**os.environ, "PYTHONPATH": str(REPO / "src")})
+    public = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c"]
+    readable = all(os.stat(p).st_mode & 0o005 == 0o005 for p in [*REPO.parents, REPO] if p != Path("/"))
+    if readable:  # this checkout is readable by others: the check passes and the real test runs
+        skip_unless_importable_as(public, {**os.environ, "PYTHONPATH": str(REPO / "src")})
 
 
 def test_read_only_file_system_is_refused(tmp_path, monkeypatch):

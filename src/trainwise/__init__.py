@@ -13,6 +13,7 @@ _EXPORTS = {
     "is_out_of_memory": "trainwise.oom",
     "AdaptiveMicroBatches": "trainwise.oom",
     "StepBoundaryInterrupt": "trainwise.interrupts",
+    "Preempted": "trainwise.interrupts",
     "MLflowLogger": "trainwise.tracking",
     "TensorBoardLogger": "trainwise.tracking",
     "Logger": "trainwise.tracking",
@@ -135,6 +136,7 @@ __all__ = [
     "NonFiniteLossGuard",
     "OverfittingReport",
     "PrecisionPolicy",
+    "Preempted",
     "ResumableLoader",
     "RunLock",
     "SampleKey",
@@ -276,7 +278,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
         check_finite_everywhere,
         check_optimizer_covers,
     )
-    from trainwise.interrupts import StepBoundaryInterrupt
+    from trainwise.interrupts import Preempted, StepBoundaryInterrupt
     from trainwise.metrics import Accuracy, Mean, MetricSet
     from trainwise.oom import AdaptiveMicroBatches, is_out_of_memory
     from trainwise.optimizers import build_optimizer

@@ -62,7 +62,7 @@ class TrainingState:
     def __init__(self, run: Any, epochs: int) -> None:
         self._run = run
         self.epochs = epochs  # the epochs fit was asked for
-        self.status: str | None = None  # at on_fit_end: finished, stopped_early, interrupted or failed
+        self.status: str | None = None  # at on_fit_end: finished, stopped_early, interrupted, preempted or failed
         self.stop_reason: str | None = None
         self._logged: dict[str, float] = {}
 

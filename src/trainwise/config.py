@@ -63,6 +63,8 @@ class TrainerConfig:
     checkpoints: bool = True  # write checkpoints to run_dir/checkpoints
     distributed: Literal["auto", "ddp", "fsdp", "off"] = "auto"  # under torchrun: auto/ddp wrap in DDP, fsdp shards
     dist_timeout: float = 300.0  # seconds a collective waits for another process before raising (a dead rank)
+    # signals that stop fit at the next optimizer step with a checkpoint (a scheduler's SIGTERM; Slurm's USR1)
+    preempt_signals: list[str] = dataclasses.field(default_factory=lambda: ["SIGTERM"])
     loggers: list[str] = dataclasses.field(default_factory=lambda: ["jsonl"])  # + "tensorboard", "mlflow"
 
     def __post_init__(self) -> None:
@@ -105,7 +107,10 @@ class TrainerConfig:
             )
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise TrainwiseError(f"max_grad_norm must be positive or unset, got {self.max_grad_norm}.")
+        from trainwise.interrupts import preempt_signal_names
         from trainwise.tracking import split_loggers
+
+        self.preempt_signals = preempt_signal_names(self.preempt_signals)  # SIGUSR1 or USR1; catchable ones
 
         self.loggers = split_loggers(self.loggers)[0]  # known names, their packages installed
 

@@ -17,6 +17,7 @@ import datetime
 import hashlib
 import itertools
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -199,6 +200,32 @@ def run_on_main(fn: Callable[[], Any]) -> Any:
     if problem is not None:
         raise TrainwiseError(problem)
     return result
+
+
+# What gloo and NCCL say when the process at the other end of a collective has died (or hangs past the timeout).
+_LOST_PEER = re.compile(
+    r"Connection (?:reset|closed) by peer|Broken pipe|Connection refused|Timed out waiting|[Tt]imeout|timed out|"
+    r"NCCL communicator was aborted|remote process exited|Socket closed"
+)
+
+
+def lost_process_error(exc: BaseException, info: DistributedInfo, *, checkpoint: str | None,
+                       timeout: float) -> TrainwiseError | None:
+    """One sentence for a collective that failed because another process died or stopped answering (gloo's
+    ``Connection reset by peer``, a timeout), naming that process where it can be known (of two processes, the
+    other one) and ``checkpoint``, the latest good one; None for any other error."""
+    if not info.enabled or not isinstance(exc, RuntimeError) or isinstance(exc, TrainwiseError):
+        return None
+    found = _LOST_PEER.search(str(exc))
+    if found is None:
+        return None
+    who = f"process {1 - info.rank} of 2" if info.world_size == 2 else f"another of the {info.world_size} processes"
+    timed_out = "ime" in found.group()  # Timed out, timeout, timed out
+    what = (f"did not answer within dist_timeout ({timeout:g} s)" if timed_out
+            else f"died (the connection to it closed: {found.group().lower()})")
+    saved = (f"the latest good checkpoint is {checkpoint}, which resume='auto' continues from" if checkpoint
+             else "no checkpoint was written yet")
+    return TrainwiseError(f"{who} {what}, so process {info.rank} stopped too; {saved}.")
 
 
 def barrier() -> None:

@@ -1,5 +1,6 @@
 """Resuming a fit: the checkpoint ``resume`` names, checked against this run's configuration, restored into
-its objects in place (with the unfreezing it had done replayed first, so the optimizer has its groups)."""
+its objects in place (with the unfreezing it had done replayed first, so the optimizer has its groups); only
+then is the run folder written (config.json, the start record), so a refused resume changes no file."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def resume_run(run: Run, config: TrainerConfig, *, is_main: bool) -> None:
         run.progress.message(f"{reason} Resuming from the previous good checkpoint, {chosen}.")
         run.log.write({"kind": "damaged_checkpoint", "reason": reason, "using": str(chosen)})
 
-    found = read_resume_checkpoint(config.resume, run.run_dir, on_skipped=skipped)
+    found = read_resume_checkpoint(config.resume, run.run_dir, on_skipped=skipped, run_id=run.log.run_id)
     if found is not None:
         path, checkpoint = found
         saved = checkpoint["state"]
@@ -50,6 +51,8 @@ def resume_run(run: Run, config: TrainerConfig, *, is_main: bool) -> None:
         run.resumed_step = run.accumulator.optimizer_steps
     if run.guard.model is not None:
         run.guard.keep(run.accumulator.optimizer_steps)  # a NaN before the first check returns the model here
+    run.log.begin()  # compared first, written after: a refused resume has left the run folder as it was
+
 
 def replay_unfreezing(run: Run, config: TrainerConfig, epoch: int, *, mid_epoch: bool) -> None:
     """The optimizer must have the groups it had when saved: redo the unfreezing done by then."""

@@ -36,7 +36,7 @@ from trainwise.tracking import TrackedLog
 
 @dataclasses.dataclass
 class Outcome:
-    stopped: Literal["completed", "interrupted", "nonfinite"] = "completed"
+    stopped: Literal["completed", "interrupted", "preempted", "nonfinite"] = "completed"
     message: str = ""
     stopped_early: bool = False
     overfitting: OverfittingReport | None = None
@@ -139,24 +139,62 @@ def build_model(factory: Callable[[], Any]) -> torch.nn.Module:
 
 
 def end_trackers(run: Run, status: str, *, artifacts: list[Path], error: BaseException | None = None) -> None:
-    """Tell the log, the callbacks (``on_fit_end``) and the trackers how the run ended; trackers also get the
-    learning curves and the final weights."""
+    """Tell the callbacks (``on_fit_end``), the log and the trackers how the run ended; trackers also get the
+    learning curves and the final weights. An ``on_fit_end`` that raises makes the run ``failed`` (the log
+    names the callback); its error is raised once the log and the trackers have been told."""
     if run.ended:
         return
     run.ended = True
+    callback_error: BaseException | None = None
+    record: dict[str, Any] = {"kind": "end", "status": status, "step": run.accumulator.optimizer_steps}
+    if run.callbacks is not None:
+        run.callbacks.state.status = status
+        try:
+            fire_each(run.callbacks, "on_fit_end")
+        except BaseException as exc:
+            callback_error, status = exc, "failed"
+            record.update(status=status, callback=getattr(exc, "trainwise_callback", "a callback"))
+            error = error or exc
     if run.log is not None:
-        record = {"kind": "end", "status": status, "step": run.accumulator.optimizer_steps}
         if error is not None:
             record["error"] = f"{type(error).__name__}: {error}"[:500]
         with contextlib.suppress(TrainwiseError):  # a full disk: the run's error says so already
             run.log.write(record)
-    if run.callbacks is not None:
-        run.callbacks.state.status = status
-        run.callbacks.fire("on_fit_end")
     if isinstance(run.log, TrackedLog) and run.log.trackers:
         if status != "failed" and not run.fsdp:  # FSDP's weights are sharded over processes
-            artifacts = [*artifacts, save_weights(run.model, run.run_dir / "final-weights.pt")]
+            from trainwise.run_folder import FINAL_WEIGHTS, RunFolder
+
+            artifacts = [*artifacts, save_weights(run.model, RunFolder(run.run_dir).file(FINAL_WEIGHTS))]
         run.log.finish(status, artifacts)
+    if callback_error is not None:
+        raise callback_error
+
+
+def fire_each(callbacks: CallbackList, event: str) -> None:
+    """``callbacks.fire(event)`` whose error names the callback that raised it (``trainwise_callback`` on the
+    exception: ``"MyCallback.on_fit_end"``)."""
+    with callbacks.context():
+        for handler in callbacks.handlers[event]:
+            try:
+                handler(callbacks.state)
+            except BaseException as exc:
+                owner = getattr(handler, "__self__", None)
+                name = (f"{type(owner).__name__}.{event}" if owner is not None
+                        else getattr(handler, "__qualname__", "a callback"))
+                with contextlib.suppress(AttributeError, TypeError):  # an exception that takes no attribute
+                    exc.trainwise_callback = name  # type: ignore[attr-defined]
+                raise
+    callbacks.state.take_logged()  # nothing is logged after the end record
+
+
+def latest_checkpoint(run: Run) -> str | None:
+    """The newest complete checkpoint of the run (rank 0 lists them; another rank names the step it saved)."""
+    if run.manager is not None:
+        with contextlib.suppress(OSError, TrainwiseError):
+            latest = run.manager.latest()
+            return None if latest is None else str(latest)
+    step = run.checkpoint_step if run.checkpoint_step >= 0 else run.resumed_step
+    return None if step is None else f"the one of step {step} in {run.run_dir}"
 
 
 def callback_metrics(logged: dict[str, float], record: dict[str, float]) -> dict[str, float]:

@@ -17,7 +17,7 @@ class FitResult:
     run_dir: Path
     steps: int  # optimizer steps taken
     seconds: float
-    stopped: Literal["completed", "interrupted", "nonfinite"]
+    stopped: Literal["completed", "interrupted", "preempted", "nonfinite"]
     device: str
     precision: str
     message: str = ""

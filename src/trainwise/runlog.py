@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.errors import TrainwiseError
+from trainwise.run_folder import CONFIG, LOCK, LOG, RUN_ID_KEY, RunFolder, new_run_id, open_regular
 
-LOCK_NAME = ".trainwise.lock"
+LOCK_NAME = LOCK
 # Records that describe training progress; after a resume the steps redone after the checkpoint repeat them.
 _PROGRESS_KINDS = ("train", "epoch")
 
@@ -80,7 +81,7 @@ class RunLock:
             if folder.exists() and not folder.is_dir():
                 raise TrainwiseError(f"run_dir {folder} is a file, not a folder; choose another run_dir.")
             folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_regular(self.path, os.O_RDWR | os.O_CREAT, "the run folder's lock file")  # never a link
         except (FileExistsError, NotADirectoryError):
             raise TrainwiseError(
                 f"run_dir {folder} cannot be created because a part of its path is a file; choose another run_dir."
@@ -174,18 +175,48 @@ except ImportError:  # pragma: no cover - Windows
 
 
 class RunLog:
-    """Append-only ``metrics.jsonl``; each record is written and flushed immediately."""
+    """Append-only ``metrics.jsonl``; each record is written and flushed immediately.
 
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+    With ``deferred=True`` nothing is written until :meth:`begin`: the records meanwhile are kept in memory,
+    so that a run refused before it begins (a resume that does not match) leaves the folder as it was.
+    The file is opened with ``O_NOFOLLOW``: a symlink, FIFO or directory there is refused, never appended through.
+    """
+
+    run_id: str | None = None  # the run's id, set by open_run
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, deferred: bool = False) -> None:
         self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOG
+        self._file: Any = None
+        self._pending: list[dict[str, Any]] | None = [] if deferred else None
+        self._json: list[tuple[str, dict[str, Any]]] = []
+        if not deferred:
+            self._open()
+
+    def _open(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / "metrics.jsonl"
         try:
-            self._file = self.path.open("a", encoding="utf-8")
+            fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "the run's log")
+            self._file = os.fdopen(fd, "a", encoding="utf-8")
         except OSError as exc:
             raise TrainwiseError(write_failure(self.path, exc) + "; choose another run_dir.") from None
 
+    def begin(self) -> None:
+        """Write what a deferred log kept: the JSON files first (config.json), then the records."""
+        if self._pending is None:
+            return
+        pending, self._pending = self._pending, None
+        for name, payload in self._json:
+            self.write_json(name, payload)
+        self._json = []
+        self._open()
+        for record in pending:
+            self.write(record)
+
     def write(self, record: dict[str, Any]) -> None:
+        if self._pending is not None:
+            self._pending.append(dict(record))
+            return
         line = json.dumps({k: _jsonable(v) for k, v in record.items()}, sort_keys=False)
         try:
             self._file.write(line + "\n")
@@ -199,10 +230,14 @@ class RunLog:
         """Write a small JSON file in the run folder atomically (temp file, then rename)."""
         from trainwise.checkpoint.io import atomic_write_json
 
-        return atomic_write_json(self.run_dir / name, payload, sort_keys=False)
+        path = RunFolder(self.run_dir).file(name)  # a symlink or FIFO there: refused
+        if self._pending is not None:
+            self._json.append((name, payload))
+            return path
+        return atomic_write_json(path, payload, sort_keys=False)
 
     def close(self) -> None:
-        if not self._file.closed:
+        if self._file is not None and not self._file.closed:
             with contextlib.suppress(OSError):  # a full disk: the records written so far are flushed already
                 self._file.close()
 
@@ -210,9 +245,14 @@ class RunLog:
 class NullRunLog:
     """The run log of a process other than rank 0: the same calls, nothing written."""
 
+    run_id: str | None = None
+
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / "metrics.jsonl"
+        self.path = self.run_dir / LOG
+
+    def begin(self) -> None:
+        pass
 
     def write(self, record: dict[str, Any]) -> None:
         pass
@@ -224,9 +264,11 @@ class NullRunLog:
         pass
 
 
-def open_run_log(run_dir: str | os.PathLike[str], *, writer: bool = True) -> RunLog | NullRunLog:
+def open_run_log(
+    run_dir: str | os.PathLike[str], *, writer: bool = True, deferred: bool = False
+) -> RunLog | NullRunLog:
     """The run folder's log; a :class:`NullRunLog` for a process that must not write (``writer=False``)."""
-    return RunLog(run_dir) if writer else NullRunLog(run_dir)
+    return RunLog(run_dir, deferred=deferred) if writer else NullRunLog(run_dir)
 
 
 def lock_run_folder(run_dir: str | os.PathLike[str]) -> RunLock:
@@ -245,13 +287,17 @@ def open_run(
     *,
     resume: Any = None,
     overwrite: bool = False,
+    deferred: bool = False,
 ) -> tuple[Path, RunLock, RunLog | NullRunLog]:
     """Open a run folder for one run: rank 0's name for it (``runs/<time>`` by default), its lock, its log
-    with a start record, and ``config.json``; every process calls it, only rank 0 writes.
+    with a start record, and ``config.json`` (with the run id: the folder's own when ``resume`` continues it,
+    else a new one); every process calls it, only rank 0 writes.
 
     A folder that already holds another run is refused in one sentence unless ``resume`` continues it (or
     ``overwrite=True``, which moves the old run into a sibling folder, never deleting it): otherwise the new
-    run's checkpoints and log would mix with the old one's.
+    run's checkpoints and log would mix with the old one's. Any entry that is not what a run writes there (a
+    symlink, FIFO or directory for a file) is refused in one sentence naming it. With ``deferred=True`` the
+    start record and config.json wait for ``log.begin()``: a resume is compared first and written after.
     """
     import time
 
@@ -261,22 +307,43 @@ def open_run(
     lock = lock_run_folder(folder)  # one writer per run folder; checks it is writable
     try:
         moved = run_on_main(lambda: _make_room(folder, resume, overwrite))
-        log = open_run_log(folder, writer=is_main_process())
+        run_id = broadcast_object(run_on_main(lambda: _run_id(folder, resume)))
+        log = open_run_log(folder, writer=is_main_process(), deferred=deferred)
         log.write({"kind": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": resume,
                    **({"previous_run_moved_to": str(moved)} if moved else {})})
-        log.write_json("config.json", config)
+        log.write_json(CONFIG, {RUN_ID_KEY: run_id, **config} if run_id is not None else dict(config))
+        log.run_id = run_id
     except BaseException:
         lock.release()
         raise
     return folder, lock, log
 
 
+def _run_id(folder: Path, resume: Any) -> str | None:
+    """This run's id: the folder's own when the run continues it (None for a folder an older trainwise wrote,
+    which keeps working as before), else a new one. Checks every name the run writes first (one sentence)."""
+    names = RunFolder(folder)
+    names.check()
+    if resume is not None and names.has_config():
+        return names.run_id()
+    return new_run_id()
+
+
 RUN_FILES = ("metrics.jsonl", "config.json", "checkpoints")  # any of these: the folder holds a run
 
 
 def holds_run(folder: str | os.PathLike[str]) -> bool:
-    """Whether ``folder`` holds a run's log, config or checkpoints."""
-    return any((Path(folder) / name).exists() for name in RUN_FILES)
+    """Whether ``folder`` holds a run's log, config or checkpoints (a symlink there counts, dangling or not;
+    an empty ``checkpoints/``, such as a symlink made beforehand to a bigger disk, does not)."""
+    for name in RUN_FILES:
+        path = Path(folder) / name
+        if name == "checkpoints" and path.is_dir():
+            with contextlib.suppress(OSError):
+                if not any(path.iterdir()):
+                    continue
+        if os.path.lexists(path):
+            return True
+    return False
 
 
 def prepare_run_folder(

@@ -11,8 +11,10 @@ import difflib
 import importlib.util
 import json
 import os
+import queue
 import re
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -21,9 +23,11 @@ from typing import Any, Protocol, runtime_checkable
 from trainwise.errors import TrainwiseError, show
 
 LOGGER_NAMES = ("jsonl", "tensorboard", "mlflow")
-END_STATES = ("finished", "stopped_early", "interrupted", "failed")
+END_STATES = ("finished", "stopped_early", "interrupted", "preempted", "failed")
 _PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
 _NOT_METRICS = ("kind", "step")  # record keys that are not metric values
+# Seconds one logger call may take before the logger is switched off (a logger's own ``call_timeout`` overrides).
+CALL_TIMEOUT = 60.0
 
 
 @runtime_checkable
@@ -32,7 +36,7 @@ class Logger(Protocol):
 
     ``log_hyperparams(params)`` once at the start; ``log_metrics(metrics, step)`` for every logged record
     (``step`` is the optimizer step); ``log_artifact(path)`` for the learning curves and the final weights;
-    ``finish(status)`` once, with one of ``finished``, ``stopped_early``, ``interrupted``, ``failed``.
+    ``finish(status)`` once, with one of ``finished``, ``stopped_early``, ``interrupted``, ``preempted``, ``failed``.
     """
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
@@ -77,6 +81,8 @@ def open_loggers(names: Sequence[str], objects: Sequence[Any], run_dir: Path, *,
                 opened.append(TensorBoardLogger(run_dir / "tensorboard", resumed_step=resumed_step))
             elif name == "mlflow":
                 opened.append(MLflowLogger(run_dir, resumed=resumed_step is not None))
+        except TrainwiseError:  # already one sentence naming the fix
+            raise
         except Exception as exc:  # an unreachable tracking server, a store MLflow refuses, a read-only folder
             where = " (check MLFLOW_TRACKING_URI)" if name == "mlflow" else ""
             raise TrainwiseError(f"the {name} logger could not start{where}: {type(exc).__name__}: "
@@ -110,6 +116,7 @@ class TrackedLog:
         self._on_failure = on_failure
         self.path = log.path
         self.run_dir = log.run_dir
+        self._callers: dict[int, _Caller] = {}
 
     def write(self, record: dict[str, Any]) -> None:
         self._log.write(record)
@@ -127,8 +134,20 @@ class TrackedLog:
             call = getattr(tracker, method, None)
             if call is None:
                 continue
+            caller = self._callers.get(id(tracker))
+            if caller is None:
+                caller = self._callers[id(tracker)] = _Caller(tracker_name(tracker))
+            timeout = _call_timeout(tracker)
             try:
-                call(*args)
+                caller.call(call, args, timeout)
+            except _Stalled:  # blocked (a hung network call): training must not wait for it forever
+                self.trackers.remove(tracker)
+                caller.abandon()
+                message = (f"the {tracker_name(tracker)} logger has not returned from {method} after {timeout:g} s "
+                           "and is switched off (give it a call_timeout attribute to wait longer); metrics.jsonl "
+                           "keeps every record.")
+                self._log.write({"kind": "logger_failed", "logger": tracker_name(tracker), "message": message})
+                self._on_failure(message)
             except Exception as exc:  # a tracker's failure must not end the training it records
                 self.trackers.remove(tracker)
                 message = (f"the {tracker_name(tracker)} logger failed in {method} ({type(exc).__name__}: "
@@ -142,9 +161,64 @@ class TrackedLog:
             self.each("log_artifact", Path(path))
         self.each("finish", status)
         self.trackers = []
+        self._stop_callers()
 
     def close(self) -> None:
+        self._stop_callers()
         self._log.close()
+
+    def _stop_callers(self) -> None:
+        for caller in self._callers.values():
+            caller.abandon()
+        self._callers = {}
+
+
+class _Stalled(Exception):
+    """A logger call that did not return within its timeout."""
+
+
+def _call_timeout(tracker: Any) -> float:
+    value = getattr(tracker, "call_timeout", None)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return CALL_TIMEOUT
+
+
+class _Caller:
+    """One daemon thread per logger that runs its calls one at a time while the training thread waits at most
+    the timeout: the call order and the logger's view stay as if called directly, and a call that blocks
+    forever costs the run one timeout, not its end (the thread is left behind; daemon, it never holds up exit)."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.Queue[Any] = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name=f"trainwise-logger-{name}", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            function, args, done, outcome = job
+            try:
+                outcome.append((True, function(*args)))
+            except BaseException as exc:  # handed to the training thread, which decides
+                outcome.append((False, exc))
+            done.set()
+
+    def call(self, function: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> Any:
+        done, outcome = threading.Event(), []
+        self._jobs.put((function, args, done, outcome))
+        if not done.wait(timeout):
+            raise _Stalled
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
+
+    def abandon(self) -> None:
+        """End the thread after the call it runs, if any, returns."""
+        self._jobs.put(None)
 
 
 def tracker_name(tracker: Any) -> str:
@@ -175,6 +249,7 @@ class TensorBoardLogger:
     def __init__(self, log_dir: str | os.PathLike[str], *, resumed_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        _check_writable_folder(Path(log_dir))  # before SummaryWriter's thread starts: it would print a traceback
         # a resumed run redoes the steps after its checkpoint: TensorBoard drops the old events from there
         purge = None if resumed_step is None else resumed_step + 1
         self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge)
@@ -205,6 +280,30 @@ class TensorBoardLogger:
         self.writer.close()
 
 
+def _check_writable_folder(folder: Path) -> None:
+    """Create ``folder`` and a probe file in it (removed again): a folder that cannot be made or written, as root
+    too (a read-only file system, /sys), is one sentence here instead of a traceback from a writer thread."""
+    import secrets
+
+    fix = "make it writable or leave 'tensorboard' out of loggers."
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise TrainwiseError(f"the tensorboard folder {folder} cannot be created because a part of its path is a "
+                             f"file; {fix}") from None
+    except OSError as exc:
+        raise TrainwiseError(f"the tensorboard folder {folder} cannot be created ({exc.strerror or exc}); "
+                             f"{fix}") from None
+    probe = folder / f".trainwise-probe-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError as exc:
+        raise TrainwiseError(f"the tensorboard folder {folder} is not writable ({exc.strerror or exc}); "
+                             f"{fix}") from None
+    os.close(fd)
+    probe.unlink()  # the file this run just created, nothing else
+
+
 def _png_summary(tag: str, png: bytes) -> Any:
     """An image summary of PNG bytes as they are (no decoding, so no imaging library is needed)."""
     from tensorboard.compat.proto.summary_pb2 import Summary
@@ -219,7 +318,8 @@ def _mlflow_key(name: str) -> str:
     return re.sub(r"[^\w\-. :/]", "_", name)[:250]
 
 
-_MLFLOW_STATUS = {"finished": "FINISHED", "stopped_early": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}
+_MLFLOW_STATUS = {"finished": "FINISHED", "stopped_early": "FINISHED", "interrupted": "KILLED", "preempted": "KILLED",
+                  "failed": "FAILED"}
 _MLFLOW_RUN_FILE = "mlflow.json"  # the run folder's MLflow run, continued by a resume
 
 
@@ -228,6 +328,7 @@ class MLflowLogger:
     set) and the experiment ``MLFLOW_EXPERIMENT_NAME`` (default ``Default``); a resume continues the run."""
 
     name = "mlflow"
+    call_timeout = 600.0  # uploading the final weights to a remote server may take minutes
 
     def __init__(self, run_dir: str | os.PathLike[str], *, resumed: bool = False) -> None:
         import mlflow
@@ -246,17 +347,25 @@ class MLflowLogger:
                                          tags={"trainwise.run_dir": str(self.run_dir.resolve())})
             self.run_id = run.info.run_id
             from trainwise.checkpoint.io import atomic_write_json
+            from trainwise.run_folder import RunFolder
 
-            atomic_write_json(self.run_dir / _MLFLOW_RUN_FILE, {"tracking_uri": self.tracking_uri,
-                                                                "run_id": self.run_id})
+            names = RunFolder(self.run_dir)  # mlflow.json records this trainwise run's id: see _continued_run
+            atomic_write_json(names.file(_MLFLOW_RUN_FILE), {"tracking_uri": self.tracking_uri, "run_id": self.run_id,
+                                                             "trainwise_run_id": names.run_id()})
         else:
             self.client.update_run(self.run_id, status="RUNNING")
 
     def _continued_run(self) -> str | None:
-        """The MLflow run this run folder recorded, when it is in this tracking store."""
+        """The MLflow run this run folder recorded, when it is in this tracking store and mlflow.json names this
+        trainwise run's id (one naming another run, or none, starts a new MLflow run: it is never logged into)."""
+        from trainwise.run_folder import RunFolder
+
         try:
-            saved = json.loads((self.run_dir / _MLFLOW_RUN_FILE).read_text(encoding="utf-8"))
+            names = RunFolder(self.run_dir)
+            saved = json.loads(names.file(_MLFLOW_RUN_FILE).read_text(encoding="utf-8"))
             if saved.get("tracking_uri") != self.tracking_uri:
+                return None
+            if saved.get("trainwise_run_id") is None or saved.get("trainwise_run_id") != names.run_id():
                 return None
             run_id = str(saved["run_id"])
             self.client.get_run(run_id)

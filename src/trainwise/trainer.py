@@ -36,6 +36,7 @@ from trainwise.distributed import (
     global_metric_values,
     init_distributed,
     local_device,
+    lost_process_error,
     padding_for,
     same_last_batch,
     set_sampler_epoch,
@@ -46,16 +47,25 @@ from trainwise.early_stopping import EarlyStopping, best_epoch, metric_mode
 from trainwise.errors import NonFiniteLossError, TrainwiseError
 from trainwise.evaluation import evaluate
 from trainwise.fit_resume import resume_run
-from trainwise.fit_run import Run, build_model, callback_metrics, close_run, end_trackers, install_guards
+from trainwise.fit_run import (
+    Run,
+    build_model,
+    callback_metrics,
+    close_run,
+    end_trackers,
+    install_guards,
+    latest_checkpoint,
+)
 from trainwise.freezing import pin_frozen_norm_layers, unfreeze_into
 from trainwise.guards.loss import NonFiniteLossGuard, check_finite_everywhere
-from trainwise.interrupts import StepBoundaryInterrupt
+from trainwise.interrupts import Preempted, StepBoundaryInterrupt
 from trainwise.metrics import Mean, MetricSet
 from trainwise.oom import AdaptiveMicroBatches, check_auto_loader
 from trainwise.optimizers import OptimizerArg, build_optimizer, build_scheduler
 from trainwise.plots import PLOT_HINT, plot_learning_curves, write_learning_curves_svg
 from trainwise.progress import BarProgress, make_progress, plural
 from trainwise.results import FitResult
+from trainwise.run_folder import BEST_WEIGHTS, CURVES_PNG, CURVES_SVG, RunFolder
 from trainwise.runlog import RunLock, open_run
 from trainwise.seeding import determinism_restored, seed_everything
 from trainwise.tracking import TrackedLog, open_loggers, split_loggers
@@ -85,7 +95,9 @@ class Trainer:
     ``log_metrics(metrics, step)`` (docs/tracking.md); ``callbacks`` are objects with any of the events of
     :class:`trainwise.Callback` (docs/callbacks.md). Ctrl-C during training finishes the current optimizer
     step, saves a checkpoint and the log, then raises ``KeyboardInterrupt`` (its ``result`` attribute holds
-    the :class:`FitResult`); a second Ctrl-C stops at once.
+    the :class:`FitResult`); a second Ctrl-C stops at once. A preemption signal (``preempt_signals``, default
+    SIGTERM; also under torchrun, where the processes agree on the step) does the same and raises
+    :class:`trainwise.Preempted` (exit code 143 when uncaught).
     """
 
     def __init__(
@@ -134,6 +146,7 @@ class Trainer:
         checkpoints: bool = True,
         distributed: Literal["auto", "ddp", "fsdp", "off"] = "auto",
         dist_timeout: float = 300.0,
+        preempt_signals: Sequence[str] = ("SIGTERM",),
         optimizer: OptimizerArg = None,
         scheduler: Any = None,
         loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
@@ -237,7 +250,8 @@ class Trainer:
             run.micro = AdaptiveMicroBatches(cfg.effective_batch, distributed=self._dist.enabled, model=forward_model,
                                              on_shrink=lambda old, new: self._shrunk(run, old, new))
         run.facts = run_facts(model=model, optimizer=optimizer, scheduler=scheduler, loader=train_loader,
-                              window=accumulator.steps, precision=precision.name, world_size=self._dist.world_size)
+                              window=accumulator.steps, precision=precision.name, world_size=self._dist.world_size,
+                              loss_fn=self.loss_fn)
         run.checkpoint_config = {**self.config.to_dict(), FACTS_KEY: run.facts}  # once: every checkpoint records it
         self._open_run_folder(run)
         for note in notes:
@@ -319,15 +333,18 @@ class Trainer:
         cfg, main = self.config, self._dist.is_main
         run.params = {"trainer": cfg.to_dict(), "device": str(run.device), "precision": run.precision.name,
                       "precision_reason": run.precision.reason, "trainwise": __version__, "torch": torch.__version__}
-        run.run_dir, self._lock, run.log = open_run(cfg.run_dir, run.params, resume=cfg.resume, overwrite=cfg.overwrite)
+        run.run_dir, self._lock, run.log = open_run(cfg.run_dir, run.params, resume=cfg.resume, overwrite=cfg.overwrite,
+                                                    deferred=True)  # written once resume_run has compared
+        names = RunFolder(run.run_dir)
         run.progress = make_progress(cfg.progress if main else "off")
         if cfg.patience is not None:
             keep = cfg.keep_best if main else "memory"  # one writer of the best-weights file
             run.stopper = EarlyStopping(cfg.monitor, mode=cfg.mode, patience=cfg.patience, min_delta=cfg.min_delta,
-                                        keep=keep, path=run.run_dir / "best-weights.pt" if keep == "disk" else None)
+                                        keep=keep, path=names.file(BEST_WEIGHTS) if keep == "disk" else None)
         if cfg.checkpoints and main:
             mode = metric_mode(cfg.monitor) if cfg.mode == "auto" else cfg.mode
-            run.manager = CheckpointManager(run.run_dir, keep_last=cfg.keep_last, monitor=cfg.monitor, mode=mode)
+            run.manager = CheckpointManager(run.run_dir, keep_last=cfg.keep_last, monitor=cfg.monitor, mode=mode,
+                                            run_id=run.log.run_id)
         # everything a checkpoint holds; restored in place on resume (plain values come back in "loop")
         run.resumable = {"model": run.model, "optimizer": run.optimizer, "accumulator": run.accumulator,
                          "loader": run.train_loader, "metrics": run.metrics, "loop": run.loop}
@@ -347,12 +364,16 @@ class Trainer:
             # Ctrl-C during training waits for the current optimizer step (not under several processes,
             # which would have to agree on the step)
             with threads_beside_workers(run.device, run.train_loader, threads=run.loop.get("threads")), \
-                    StepBoundaryInterrupt(enabled=not self._dist.enabled) as run.interrupt:
+                    StepBoundaryInterrupt(enabled=not self._dist.enabled,
+                                          preempt=self.config.preempt_signals) as run.interrupt:
                 run.loop["threads"] = torch.get_num_threads()
                 self._fire(run, "on_fit_start")
                 for epoch in range(run.loop["epoch"], 0 if run.outcome.stopped_early else self.config.epochs + 1):
                     if self._epoch(run, epoch):
                         break
+                if run.interrupt.preempted:  # held after the last step: the run ends saved, as preempted
+                    run.interrupt_saved = run.checkpoint_step == run.accumulator.optimizer_steps
+                    raise Preempted(signal_name=run.interrupt.preempted)
         except KeyboardInterrupt as exc:
             steps = run.accumulator.optimizer_steps
             run.outcome.stopped = "interrupted"
@@ -364,13 +385,30 @@ class Trainer:
             run.progress.message(run.outcome.message)
             exc.result = self._finish(run, restore_best=False)  # type: ignore[attr-defined]
             raise
+        except Preempted as exc:  # a scheduler's SIGTERM: the step's checkpoint and the log, then exit 143
+            steps = run.accumulator.optimizer_steps
+            run.outcome.stopped = "preempted"
+            saved = f"; its checkpoint at step {steps} resumes it" if run.interrupt_saved and run.manager else ""
+            finished = plural(len(run.loop["history"]), "epoch")
+            run.outcome.message = exc.message = (
+                f"preempted by {exc.signal} at step {steps}{saved}; {finished} finished and everything logged so "
+                f"far is in {run.log.path}.")
+            run.log.write({"kind": "preempted", "step": steps, "signal": exc.signal})
+            run.progress.message(run.outcome.message)
+            exc.result = self._finish(run, restore_best=False)
+            raise
         except NonFiniteLossError as exc:
             run.outcome.stopped, run.outcome.message = "nonfinite", str(exc)
             run.log.write({"kind": "nonfinite", "step": exc.step, "message": run.outcome.message})
             exc.result = self._finish(run, restore_best=False)  # type: ignore[attr-defined]
             raise
-        except BaseException:
+        except BaseException as exc:
             close_run(run, failing=True)
+            # a process that died: one sentence naming it and the latest good checkpoint, not gloo's traceback
+            lost = lost_process_error(exc, self._dist, checkpoint=latest_checkpoint(run),
+                                      timeout=self.config.dist_timeout)
+            if lost is not None:
+                raise lost from None
             raise
         return self._finish(run)
 
@@ -422,6 +460,9 @@ class Trainer:
         if run.interrupt.requested:  # Ctrl-C while the epoch's checkpoint was written: raised once it is whole
             run.interrupt_saved = cfg.checkpoints
             raise KeyboardInterrupt
+        if run.interrupt.preempted and not self._dist.enabled:  # several processes stop at an agreed step
+            run.interrupt_saved = cfg.checkpoints
+            raise Preempted(signal_name=run.interrupt.preempted)
         if stop:
             run.outcome.stopped_early = True
             by_stopper, reason = stopper is not None and asked is None, asked or "rank 0 asked to stop"
@@ -466,11 +507,15 @@ class Trainer:
                 self._after_window(run, epoch)
                 if run.callbacks.step_end:
                     self._fire(run, "on_step_end")
-                if interrupt.requested:  # Ctrl-C held until this step was taken: the state is exact
+                # a preemption signal rides the next windows' count all-reduce: every process stops here together
+                run.accumulator.stop_requested = interrupt.preempted is not None
+                if interrupt.requested or run.accumulator.stop_agreed:  # held until this step: the state is exact
                     if run.checkpoint_step != run.accumulator.optimizer_steps:
                         self._checkpoint(run)
                     run.interrupt_saved = self.config.checkpoints
-                    raise KeyboardInterrupt
+                    if interrupt.requested:
+                        raise KeyboardInterrupt
+                    raise Preempted(signal_name=interrupt.preempted or "a signal to another process")
             run.progress.advance()
         interrupt.armed = False
         if not loader.batches_done:
@@ -573,15 +618,19 @@ class Trainer:
             curves = {"history": history, "monitor": cfg.monitor, "best_epoch": best,
                       "overfitting_epoch": outcome.overfitting.onset_epoch if outcome.overfitting else None}
             if cfg.plot_format == "svg":  # no plotting library: a few milliseconds
-                plot = write_learning_curves_svg(path=run.run_dir / "learning_curves.svg", **curves)
+                plot = write_learning_curves_svg(path=RunFolder(run.run_dir).file(CURVES_SVG), **curves)
             else:
                 try:
-                    plot = plot_learning_curves(path=run.run_dir / "learning_curves.png", **curves)
+                    plot = plot_learning_curves(path=RunFolder(run.run_dir).file(CURVES_PNG), **curves)
                 except ImportError:
                     run.progress.message(PLOT_HINT)
-        status = {"interrupted": "interrupted", "nonfinite": "failed"}.get(
+        status = {"interrupted": "interrupted", "preempted": "preempted", "nonfinite": "failed"}.get(
             outcome.stopped, "stopped_early" if outcome.stopped_early else "finished")
-        end_trackers(run, status, artifacts=[plot] if plot else [])
+        try:
+            end_trackers(run, status, artifacts=[plot] if plot else [])
+        except BaseException:  # an on_fit_end that raised: the run is closed first (checkpoint whole, hooks off)
+            close_run(run, failing=True)
+            raise
         close_run(run, check=outcome.stopped == "completed")  # the guards' last check, then every hook removed
         return FitResult(
             history=history, run_dir=run.run_dir, steps=run.accumulator.optimizer_steps,

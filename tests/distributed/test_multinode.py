@@ -216,7 +216,9 @@ def test_same_weights_as_one_node_with_two_processes(two_nodes: dict, one_node: 
 
 
 def test_data_sharded_by_global_rank(two_nodes: dict, one_node: dict) -> None:
-    served = {rank: seen["train"] for rank, seen in two_nodes["ranks"].items()}
+    # each rank first reads the first and the last sample once for the resume fingerprint (run facts)
+    assert all(seen["train"][:2] == [0, TRAIN - 1] for seen in two_nodes["ranks"].values())
+    served = {rank: seen["train"][2:] for rank, seen in two_nodes["ranks"].items()}
     per_epoch = TRAIN // 2
     assert [len(s) for s in served.values()] == [2 * per_epoch] * 2  # 2 epochs, nothing fetched twice
     for epoch in range(2):
@@ -224,7 +226,7 @@ def test_data_sharded_by_global_rank(two_nodes: dict, one_node: dict) -> None:
         assert len(shards[0]) == len(shards[1]) == per_epoch
         assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(TRAIN))  # disjoint, complete
     for rank in (0, 1):  # the same shard, in the same order, as the same global rank on one node
-        assert served[rank] == one_node["ranks"][rank]["train"]
+        assert served[rank] == one_node["ranks"][rank]["train"][2:]
         assert two_nodes["ranks"][rank]["val"] == one_node["ranks"][rank]["val"]
     vals = [set(seen["val"]) for seen in two_nodes["ranks"].values()]
     assert not vals[0] & vals[1] and vals[0] | vals[1] == set(range(VAL))

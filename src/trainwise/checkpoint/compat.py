@@ -9,6 +9,8 @@ changes. Options that only steer the rest of the run (more epochs, logging, prog
 |---|---|
 | batch_size, effective_batch, accumulation_steps, window | refused: the saved position counts old-size batches |
 | seed, world_size, train_samples, train_batches | refused: a different order or shard, so samples skipped or repeated |
+| train_data (a hash of the first and last training samples) | refused: other data of the same size |
+| loss_fn (its module.qualname; a lambda's also by its code) | refused: the loss would change mid-run |
 | count, loss_reduction, ignore_index, precision | refused: the loss or the gradient scaler would change mid-run |
 | lr, weight_decay, lr_by_pattern | refused; with allow, not applied: the optimizer's saved values continue |
 | optimizer, scheduler (class) | refused; with allow, the new one starts fresh (its saved state is dropped) |
@@ -32,7 +34,9 @@ REFUSED_OPTIONS = (
     "batch_size", "effective_batch", "accumulation_steps", "seed", "count", "loss_reduction", "ignore_index",
     "lr", "weight_decay", "lr_by_pattern", "unfreeze_at",
 )
-REFUSED_FACTS = ("world_size", "train_samples", "train_batches", "window", "precision", "optimizer", "scheduler")
+REFUSED_FACTS = ("world_size", "train_samples", "train_batches", "window", "precision", "optimizer", "scheduler",
+                 "train_data", "loss_fn")
+UNKNOWN_AS_NONE = ("train_data",)  # None: not measured (a stream, an unreadable sample), so compared on nothing
 FRESH_WITH_ALLOW = {"optimizer": "optimizer", "scheduler": "scheduler", "precision": "scaler"}
 FACTS_KEY = "run"
 
@@ -46,6 +50,7 @@ def run_facts(
     window: int,
     precision: str,
     world_size: int,
+    loss_fn: Any = None,
 ) -> dict[str, Any]:
     """What a checkpoint records about the run beside its options (plain values, for ``weights_only``)."""
     from trainwise.data import length
@@ -61,7 +66,93 @@ def run_facts(
         "optimizer": type(optimizer).__name__,
         "scheduler": None if scheduler is None else type(scheduler).__name__,
         "parameters": {name: list(p.shape) for name, p in unwrap_model(model).named_parameters()},
+        "train_data": data_fingerprint(dataset),
+        "loss_fn": describe_callable(loss_fn),
     }
+
+
+def data_fingerprint(dataset: Any) -> str | None:
+    """A hash of a map-style data set's first and last samples as it returns them (two reads, under a fixed
+    seed in forked RNGs so that random transforms repeat and the run's own RNGs do not move); None for a
+    stream, an empty set or a sample that cannot be read or hashed."""
+    import hashlib
+    import random
+
+    from trainwise.data import length
+
+    size = length(dataset) if dataset is not None else None
+    if not size or not hasattr(dataset, "__getitem__"):
+        return None
+    digest = hashlib.sha256()
+    state = random.getstate()
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover
+        np = None  # type: ignore[assignment]
+    np_state = np.random.get_state() if np is not None else None
+    try:
+        with torch.random.fork_rng(devices=[]):
+            for index in sorted({0, size - 1}):
+                torch.manual_seed(0)
+                random.seed(0)
+                if np is not None:
+                    np.random.seed(0)
+                _hash_into(digest, dataset[index])
+    except Exception:  # a sample we cannot read again or walk: no fingerprint, never a failed run
+        return None
+    finally:
+        random.setstate(state)
+        if np is not None:
+            np.random.set_state(np_state)
+    return digest.hexdigest()[:16]
+
+
+def _hash_into(digest: Any, value: Any, depth: int = 0) -> None:
+    """Feed one sample (tensors, arrays, numbers, strings, bytes, mappings, sequences) into ``digest``."""
+    if depth > 20:
+        raise ValueError("sample nested too deeply")
+    kind = type(value)
+    digest.update(f"<{kind.__module__}.{kind.__qualname__}>".encode())
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    elif hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "tobytes"):  # numpy
+        digest.update(f"{value.dtype}{getattr(value, 'shape', ())}".encode() + value.tobytes())
+    elif isinstance(value, (str, bytes, int, float, complex, bool)) or value is None:
+        digest.update(repr(value).encode())
+    elif isinstance(value, Mapping):
+        for key in sorted(value, key=repr):
+            digest.update(repr(key).encode())
+            _hash_into(digest, value[key], depth + 1)
+    elif isinstance(value, (list, tuple)):
+        digest.update(str(len(value)).encode())
+        for item in value:
+            _hash_into(digest, item, depth + 1)
+    elif hasattr(value, "__dataclass_fields__"):
+        for name in value.__dataclass_fields__:
+            _hash_into(digest, getattr(value, name), depth + 1)
+    # anything else (an image object, a custom class) counts by its type only: repr may hold an address
+
+
+def describe_callable(function: Any) -> str | None:
+    """``module.qualname`` of a loss function or of a loss object's class; a lambda adds a hash of its code
+    (not its line, so edits elsewhere in the file do not count); None for the default loss."""
+    import functools
+    import hashlib
+
+    if function is None:
+        return None
+    if isinstance(function, functools.partial):
+        return f"functools.partial({describe_callable(function.func)})"
+    target = function if hasattr(function, "__qualname__") else type(function)
+    name = f"{getattr(target, '__module__', None) or ''}.{getattr(target, '__qualname__', type(target).__name__)}"
+    code = getattr(function, "__code__", None)
+    if code is not None and "<lambda>" in name:
+        consts = [c for c in code.co_consts if not hasattr(c, "co_code")]  # a nested code object's repr has an id
+        body = code.co_code + repr((consts, code.co_names)).encode()
+        name += f" #{hashlib.sha256(body).hexdigest()[:8]}"
+    return name.lstrip(".")
 
 
 def resume_changes(saved: Mapping[str, Any] | None, options: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[
@@ -77,6 +168,8 @@ def resume_changes(saved: Mapping[str, Any] | None, options: Mapping[str, Any], 
     old_facts = saved.get(FACTS_KEY)
     if isinstance(old_facts, Mapping):
         for key in REFUSED_FACTS:
+            if key in UNKNOWN_AS_NONE and (old_facts.get(key) is None or facts.get(key) is None):
+                continue
             if key in old_facts and old_facts[key] != facts.get(key):
                 changes[key] = (old_facts[key], facts.get(key))
         old, new = old_facts.get("parameters"), facts.get("parameters")

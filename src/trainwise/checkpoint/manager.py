@@ -5,6 +5,11 @@ file with that name exists only once it is complete (it is renamed into place af
 files are hidden (``.ckpt-...tmp-...``) and never considered, and ``manifest.json`` (written atomically)
 only remembers each checkpoint's monitored metric. Old checkpoints are deleted only after the new one is in
 place and reads back as complete, so the only good checkpoint is never deleted.
+
+A manager given a ``run_id`` (the Trainer's) records it in every checkpoint's meta and treats as its own
+only checkpoints with that id: it resumes from no other (another run's newest is refused in one sentence)
+and deletes no other when pruning, so a ``checkpoints/`` symlinked to a shared disk is safe. Without one (a
+hand-written loop) every checkpoint in the folder is the run's, as before.
 """
 
 from __future__ import annotations
@@ -24,11 +29,15 @@ from typing import Any, Literal
 from trainwise.checkpoint.io import atomic_write_json, is_complete, is_temp_file
 from trainwise.checkpoint.state import read_checkpoint, restore_checkpoint, write_checkpoint_temporary
 from trainwise.errors import TrainwiseError
+from trainwise.run_folder import RUN_ID_KEY
 
 CHECKPOINT_FOLDER = "checkpoints"
 MANIFEST = "manifest.json"
 _NAME = re.compile(r"^ckpt-step(\d+)\.pt$")
 _TEMP = re.compile(r"^\.ckpt-step\d+\.pt\.tmp-(\d+)-[0-9a-f]+$")
+
+
+ANY_RUN: Any = object()  # CheckpointManager(run_id=ANY_RUN): no run id written or checked
 
 
 def checkpoint_name(step: int) -> str:
@@ -51,6 +60,7 @@ class CheckpointManager:
         keep_last: int = 3,
         monitor: str | None = None,
         mode: Literal["min", "max"] = "min",
+        run_id: Any = ANY_RUN,
     ) -> None:
         if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
             raise TrainwiseError(
@@ -63,6 +73,9 @@ class CheckpointManager:
             raise TrainwiseError(f"run folder {run_dir} is a file; pass a folder for the run's checkpoints.")
         self.run_dir = run_dir
         self.folder = run_dir / CHECKPOINT_FOLDER
+        self.run_id = run_id  # a str, None (a folder from a trainwise before run ids) or ANY_RUN
+        self._owned: dict[str, tuple[int, int, bool]] = {}  # name -> (size, mtime_ns, this run's)
+        self.pruned: set[str] = set()  # names this manager deleted (their sharded folders may go too)
         self.keep_last = keep_last
         self.monitor = monitor
         self.mode = mode
@@ -90,7 +103,7 @@ class CheckpointManager:
         """:func:`is_complete`, remembered for a file of the same size and modification time (a save lists
         the folder several times; reopening every kept zip each time would cost more than the save)."""
         try:
-            info = entry.stat()
+            info = entry.lstat()  # a symlink among the checkpoints is never one of them
         except OSError:
             return False
         if not stat.S_ISREG(info.st_mode):
@@ -101,6 +114,22 @@ class CheckpointManager:
         if complete:  # only a whole file is remembered: a failed read (EIO, too many open files) is retried
             self._complete[entry.name] = (info.st_size, info.st_mtime_ns)
         return complete
+
+    def owns(self, path: Path) -> bool:
+        """Whether the checkpoint at ``path`` is this run's: its meta records this manager's run id (always
+        true without one); read once per file (only its small meta matters; tensors are memory-mapped)."""
+        if self.run_id is ANY_RUN:
+            return True
+        try:
+            info = path.lstat()
+        except OSError:
+            return False
+        known = self._owned.get(path.name)
+        if known is not None and known[:2] == (info.st_size, info.st_mtime_ns):
+            return known[2]
+        owned = _recorded_run_id(path) == self.run_id
+        self._owned[path.name] = (info.st_size, info.st_mtime_ns, owned)
+        return owned
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint (highest step), or None."""
@@ -143,12 +172,19 @@ class CheckpointManager:
         if len(self.checkpoints()) > self.keep_last + 1:  # a run killed between a save and its pruning
             self._prune(self._metrics())
         path = self.folder / checkpoint_name(step)
-        pending = write_checkpoint_temporary(
-            path, state, config=config, meta={"step": step, "metric": metric, "monitor": self.monitor}
-        )
+        meta = {"step": step, "metric": metric, "monitor": self.monitor}
+        if isinstance(self.run_id, str):
+            meta[RUN_ID_KEY] = self.run_id
+        if path.exists() and not self.owns(path):
+            raise TrainwiseError(
+                f"{path} is a checkpoint another run wrote, in this run's {self.folder}; give this run a "
+                "checkpoints/ folder of its own, or choose another run_dir."
+            )
+        pending = write_checkpoint_temporary(path, state, config=config, meta=meta)
 
         def commit() -> None:
             pending.commit()
+            self._owned.pop(path.name, None)
             metrics = self._metrics({path.name: metric})
             if self._is_complete(path):  # delete nothing unless the new checkpoint reads back
                 self._prune(metrics, keep=path)
@@ -181,7 +217,7 @@ class CheckpointManager:
             raise error
 
     def _prune(self, metrics: dict[str, float | None], keep: Path | None = None) -> None:
-        found = self.checkpoints()
+        found = [path for path in self.checkpoints() if self.owns(path)]  # never another run's files
         # the newest by step, the best, and the one just written (files of a later step are another run's)
         kept = set(found[-self.keep_last:]) | ({keep} if keep is not None else set())
         best = self._best_of(found, metrics)
@@ -191,6 +227,7 @@ class CheckpointManager:
             if path not in kept:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
+                self.pruned.add(path.name)
         names = {path.name for path in found if path in kept}
         self._write_manifest({name: metric for name, metric in metrics.items() if name in names})
 
@@ -218,6 +255,13 @@ class CheckpointManager:
             except TrainwiseError as exc:
                 skipped.append(str(exc))
                 continue
+            recorded = checkpoint.get("meta", {}).get(RUN_ID_KEY) if isinstance(checkpoint.get("meta"), dict) else None
+            if self.run_id is not ANY_RUN and recorded != self.run_id:
+                raise TrainwiseError(
+                    f"{self.folder} holds {path}, a checkpoint of another run (run id {recorded or 'none'}, this "
+                    f"run's is {self.run_id or 'none'}), so this run will not resume from it; point checkpoints/ "
+                    "at this run's own folder, or choose another run_dir."
+                )
             return path, checkpoint, skipped
         return None
 
@@ -274,6 +318,20 @@ class CheckpointManager:
                     entry.unlink()
 
 
+def _recorded_run_id(path: Path) -> str | None:
+    """The run id a checkpoint's meta records (None for none, or an unreadable file); memory-mapped, so that
+    the tensors are not read, and with ``weights_only=True``: nothing in the file runs."""
+    import torch
+
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        meta = checkpoint.get("meta") if isinstance(checkpoint, dict) else None
+    except Exception:  # unreadable: not provably this run's, so never deleted
+        return "unreadable"
+    value = meta.get(RUN_ID_KEY) if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def _alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -299,7 +357,9 @@ def verify_checksums(path: str | os.PathLike[str]) -> None:
         raise TrainwiseError(f"{path} is damaged: its member {bad} fails its checksum.")
 
 
-def find_resume_checkpoint(resume: Any, run_dir: str | os.PathLike[str] | None) -> Path | None:
+def find_resume_checkpoint(
+    resume: Any, run_dir: str | os.PathLike[str] | None, *, run_id: Any = ANY_RUN
+) -> Path | None:
     """The checkpoint ``resume`` points at: ``"auto"`` (the newest complete one in ``run_dir``, or None to
     start fresh), an explicit file, or a run/checkpoint folder (its newest); ``None``/``False``: None."""
     if resume is None or resume is False:
@@ -307,7 +367,7 @@ def find_resume_checkpoint(resume: Any, run_dir: str | os.PathLike[str] | None) 
     if resume == "auto":
         if run_dir is None:
             return None
-        return CheckpointManager(run_dir).latest()
+        return CheckpointManager(run_dir, run_id=run_id).latest()
     if not isinstance(resume, (str, os.PathLike)):
         raise TrainwiseError(f"resume must be 'auto', a checkpoint path or None, got {type(resume).__name__}.")
     path = Path(resume)
@@ -322,4 +382,5 @@ def find_resume_checkpoint(resume: Any, run_dir: str | os.PathLike[str] | None) 
     return path
 
 
-__all__ = ["CHECKPOINT_FOLDER", "CheckpointManager", "checkpoint_name", "find_resume_checkpoint", "verify_checksums"]
+__all__ = ["ANY_RUN", "CHECKPOINT_FOLDER", "CheckpointManager", "checkpoint_name", "find_resume_checkpoint",
+           "verify_checksums"]

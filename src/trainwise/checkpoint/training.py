@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.checkpoint.manager import (
+    ANY_RUN,
     CHECKPOINT_FOLDER,
     CheckpointManager,
     checkpoint_name,
@@ -44,17 +45,19 @@ Skipped = Callable[[str, Path], None]  # told each damaged newer checkpoint pass
 
 
 def read_resume_checkpoint(
-    resume: Any, run_dir: str | Path | None, *, on_skipped: Skipped | None = None
+    resume: Any, run_dir: str | Path | None, *, on_skipped: Skipped | None = None, run_id: Any = ANY_RUN
 ) -> tuple[Path, dict[str, Any]] | None:
     """The checkpoint ``resume`` names (a file, a folder, ``"auto"``, or None for none), read and checked.
 
     With ``"auto"`` or a folder, damaged newer files are passed over (``on_skipped`` is told). Under several
     processes rank 0 chooses and every process reads that same file: a node that cannot see it (no shared
     file system) stops every process with one sentence, instead of one starting over while the others resume.
+    With a ``run_id`` (the Trainer's), ``"auto"`` and a folder continue only a checkpoint of that run: another
+    run's newest is refused in one sentence; an explicit file is read as named (starting from another run's).
     """
     if not is_distributed():
-        return _choose(resume, run_dir, on_skipped)
-    found = run_on_main(lambda: _choose(resume, run_dir, on_skipped))
+        return _choose(resume, run_dir, on_skipped, run_id)
+    found = run_on_main(lambda: _choose(resume, run_dir, on_skipped, run_id))
     chosen, problem = broadcast_object(None if found is None else str(found[0])), None
     if chosen is not None and not is_main_process():
         try:
@@ -70,14 +73,16 @@ def read_resume_checkpoint(
     return found
 
 
-def _choose(resume: Any, run_dir: Any, on_skipped: Skipped | None) -> tuple[Path, dict[str, Any]] | None:
+def _choose(resume: Any, run_dir: Any, on_skipped: Skipped | None, run_id: Any = ANY_RUN) -> tuple[
+        Path, dict[str, Any]] | None:
     path = find_resume_checkpoint(resume, run_dir)
     if path is None:
         return None
     if resume != "auto" and not Path(resume).is_dir():  # an explicit file: that one or an error
         verify_checksums(path)
         return path, read_checkpoint(path)
-    found = CheckpointManager(path.parent.parent).read_latest() if path.parent.name == CHECKPOINT_FOLDER else None
+    in_folder = path.parent.name == CHECKPOINT_FOLDER
+    found = CheckpointManager(path.parent.parent, run_id=run_id).read_latest() if in_folder else None
     if found is None:
         raise TrainwiseError(f"no intact checkpoint in {path.parent}; start without resume or pass another file.")
     chosen, checkpoint, skipped = found
@@ -179,6 +184,8 @@ def _without_model(state: MutableMapping[str, Any]) -> dict[str, Any]:
 def _prune_sharded(manager: CheckpointManager) -> None:
     """Delete sharded folders whose checkpoint file the manager no longer keeps (rank 0)."""
     kept = {path.name.removeprefix("ckpt-").removesuffix(".pt") for path in manager.checkpoints()}
+    pruned = {name.removeprefix("ckpt-").removesuffix(".pt") for name in manager.pruned}  # this run's only
     for folder in manager.folder.glob(f"{SHARDED_PREFIX}*"):
-        if folder.is_dir() and folder.name.removeprefix("sharded-") not in kept:
+        step = folder.name.removeprefix("sharded-")
+        if folder.is_dir() and not folder.is_symlink() and step in pruned and step not in kept:
             shutil.rmtree(folder, ignore_errors=True)

@@ -32,6 +32,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainwise.cli import interrupted
     from trainwise.errors import TrainwiseError
+    from trainwise.interrupts import Preempted
 
     if args.epochs < 1:
         raise TrainwiseError(f"--epochs must be at least 1, got {args.epochs}.")
@@ -60,6 +61,12 @@ def run(args: argparse.Namespace) -> int:
 
             print(json.dumps(summarize(result)), flush=True)
         return interrupted("demo", result.run_dir)
+    except Preempted as exc:  # SIGTERM: the Trainer saved the log and a checkpoint; exit code 143
+        from trainwise.cli.fit import preempted, summarize
+
+        if args.json:
+            print(json.dumps(summarize(exc.result)), flush=True)
+        return preempted("demo", exc.result.run_dir)
     summary.pop("model")
     if summary.get("stopped") == "interrupted":  # a Trainer that returns its result on Ctrl-C
         if args.json:

@@ -60,9 +60,14 @@ class Factory:
             ) from None
 
     def call(self, *args: Any) -> Any:
-        """``function(*args, **kwargs)`` after the signature check (errors inside the function propagate)."""
+        """``function(*args, **kwargs)`` after the signature check (errors inside the function propagate; a
+        ``sys.exit()`` there is one sentence, so that fit never exits 0 having trained nothing)."""
         self.check(*args)
-        return self.function(*args, **self.kwargs)
+        try:
+            return self.function(*args, **self.kwargs)
+        except SystemExit as exc:
+            raise TrainwiseError(f"[{self.table}] factory {self.spec} raised {_raised(exc)}; return the object "
+                                 "instead of exiting.") from None
 
 
 @dataclasses.dataclass
@@ -140,7 +145,19 @@ def run(args: argparse.Namespace) -> int:
     if summary["stopped"] == "interrupted":  # Ctrl-C: the summary of what was done, then exit code 130
         sys.stdout.flush()
         return interrupted("fit", summary["run_dir"])
+    if summary["stopped"] == "preempted":
+        sys.stdout.flush()
+        return preempted("fit", summary["run_dir"])
     return 0
+
+
+def preempted(command: str, run_dir: Any) -> int:
+    """Say that ``command`` was preempted and where its checkpoint is, in one line; the exit code 143."""
+    from trainwise.interrupts import PREEMPTED_EXIT_CODE
+
+    print(f"trainwise {command}: preempted; what was logged, and the checkpoint that resume=auto continues from, is "
+          f"in {run_dir}.", file=sys.stderr)
+    return PREEMPTED_EXIT_CODE
 
 
 def _summary_line(summary: dict[str, Any]) -> str:
@@ -178,6 +195,10 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise TrainwiseError(f"config file {str(path)!r} is not valid TOML: {exc}.") from None
     except ValueError as exc:  # an integer of more than 4300 digits: Python refuses to convert it
         raise TrainwiseError(f"config file {str(path)!r} has a value Python cannot read ({exc}).") from None
+    except RecursionError:  # thousands of nested arrays or inline tables: tomllib recurses once per level
+        raise TrainwiseError(
+            f"config file {str(path)!r} nests arrays or tables too deeply to read; flatten its values."
+        ) from None
 
 
 def load_config(path: Path, overrides: Sequence[str] = ()) -> FitConfig:
@@ -266,6 +287,8 @@ def _toml_value(text: str) -> Any:
         return text.strip()
     except ValueError as exc:  # an integer of more than 4300 digits
         raise TrainwiseError(f"override value {show(text.strip(), 40)} cannot be read ({exc}).") from None
+    except RecursionError:  # thousands of nested brackets
+        raise TrainwiseError(f"override value {show(text.strip(), 40)} nests too deeply to read; flatten it.") from None
 
 
 def _factory(table: str, entry: dict[str, Any]) -> Factory:
@@ -316,6 +339,17 @@ def import_factory(spec: str, *, table: str = "factory") -> Callable[..., Any]:
         raise TrainwiseError(
             f"[{table}] factory {spec!r}: module {module_name!r} imports {missing!r}, which is not installed."
         ) from None
+    except SyntaxError as exc:  # the line is the module's (or a module it imports), as Python reports it
+        where = f"{Path(exc.filename or module_name).name}:{exc.lineno}" if exc.lineno else module_name
+        raise TrainwiseError(
+            f"[{table}] factory {spec!r}: module {module_name!r} has a syntax error at {where} "
+            f"({printable(exc.msg, 100)}); fix that line."
+        ) from None
+    except (Exception, SystemExit) as exc:  # raised at import; sys.exit() there must not end fit with "success"
+        raise TrainwiseError(
+            f"[{table}] factory {spec!r}: importing module {module_name!r} raised {_raised(exc)}; fix the "
+            "module so that importing it only defines its functions."
+        ) from None
     owner = module_name
     for part in attribute.split("."):
         if not hasattr(target, part):
@@ -328,6 +362,25 @@ def import_factory(spec: str, *, table: str = "factory") -> Callable[..., Any]:
     if not callable(target):
         raise TrainwiseError(f"[{table}] factory {spec!r} is a {type(target).__name__}, not a function or class.")
     return target
+
+
+def _raised(exc: BaseException) -> str:
+    """``ValueError ('bad') at mod.py:3``: the exception and the deepest line of the user's code it passed."""
+    import sysconfig
+    import traceback
+
+    if isinstance(exc, SystemExit):
+        what = f"SystemExit (sys.exit({printable(repr(exc.code), 40)}))"
+    else:
+        message = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        what = type(exc).__name__ + (f" ({printable(repr(message), 200)})" if message else "")
+    library = tuple(str(Path(p).resolve()) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "purelib",
+                                                                                          "platlib")})
+    ours = str(Path(__file__).resolve().parents[1])  # trainwise itself: the import call, not the user's line
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<") and not str(Path(f.filename).resolve()).startswith(ours)]
+    own = [f for f in frames if not str(Path(f.filename).resolve()).startswith(library)] or frames
+    return what + (f" at {Path(own[-1].filename).name}:{own[-1].lineno}" if own else "")
 
 
 # -- training --------------------------------------------------------------------------------------------
@@ -393,6 +446,7 @@ def build(config: FitConfig) -> tuple[Any, Any, Any, Any]:
 def train(config: FitConfig) -> dict[str, Any]:
     """Build everything, record the resolved configuration in the run folder as fit.json, train; a summary."""
     from trainwise.checkpoint.io import atomic_write_json
+    from trainwise.interrupts import Preempted
     from trainwise.runlog import default_run_dir, prepare_run_folder
 
     if config.trainer.run_dir is None:  # resolve it now so that fit.json lands in the same folder
@@ -401,19 +455,39 @@ def train(config: FitConfig) -> dict[str, Any]:
     run_dir = Path(config.trainer.run_dir or "")
     # refused (or moved aside) before fit.json is written over another run's
     prepare_run_folder(run_dir, resume=config.trainer.resume, overwrite=config.trainer.overwrite)
-    if not (config.trainer.resume and (run_dir / "fit.json").exists()):  # a resume keeps the run's own record
-        atomic_write_json(run_dir / "fit.json", config.to_dict())
+    from trainwise.run_folder import FIT, RunFolder
+
+    fit_json = RunFolder(run_dir).file(FIT)  # a symlink, FIFO or directory there: refused, never written through
+    if not config.trainer.resume:
+        atomic_write_json(fit_json, config.to_dict())
+    elif not fit_json.exists():  # a resume keeps the run's own record; one without any writes it once the
+        # Trainer has compared the run it continues (a refused resume leaves the folder as it was)
+        trainer.callbacks.append(_WriteOnStart(fit_json, config.to_dict()))
     try:
         result = trainer.fit(model, train_data, val_data)
     except KeyboardInterrupt as exc:  # Ctrl-C: the Trainer saved the log and a checkpoint, and says what it did
         result = getattr(exc, "result", None)
         if result is None:
             raise
+    except Preempted as exc:  # SIGTERM (preempt_signals): the same, then exit code 143
+        result = exc.result
     except (RuntimeError, ValueError, IndexError) as exc:
         if isinstance(exc, TrainwiseError) or not _SHAPE_ERROR.search(str(exc)):
             raise  # a bug in the factories' code, not a mismatch: its traceback says where
         raise TrainwiseError(_shape_message(exc, config)) from None
     return summarize(result)
+
+
+class _WriteOnStart:
+    """A callback that writes fit.json at ``on_fit_start``: after a resume's comparison, before training."""
+
+    def __init__(self, path: Path, payload: dict[str, Any]) -> None:
+        self.path, self.payload = path, payload
+
+    def on_fit_start(self, state: Any) -> None:
+        from trainwise.checkpoint.io import atomic_write_json
+
+        atomic_write_json(self.path, self.payload)
 
 
 # What torch says when a batch does not fit the model or the loss (shapes, channels, batch sizes, class ids).

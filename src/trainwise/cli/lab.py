@@ -43,11 +43,25 @@ def run(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             raise TrainwiseError("--plot needs matplotlib; install it with pip install 'trainwise[plot]'.") from None
-        folder.mkdir(parents=True, exist_ok=True)
+        _make_folder(folder)
     failed = 0
     for lab in labs:
         failed += _run_one(lab, folder, as_json=args.json)
     return 1 if failed else 0
+
+
+def _make_folder(folder: Path) -> None:
+    """Create the ``--plot`` folder before any lab runs; one that cannot be made is one sentence."""
+    from trainwise.errors import TrainwiseError
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise TrainwiseError(f"--plot {folder} cannot be created because a part of its path is a file; choose "
+                             "another folder.") from None
+    except OSError as exc:  # no permission, a read-only file system, a path under /proc
+        raise TrainwiseError(f"--plot {folder} cannot be created ({exc.strerror or type(exc).__name__}); choose "
+                             "a folder you can write to.") from None
 
 
 def _run_one(lab: Any, folder: Path | None, *, as_json: bool) -> int:
