@@ -136,7 +136,9 @@ class GradientAccumulator:
         DDP or FSDP: some process had set ``stop_requested`` by the step before the previous one; each window's
         count all-reduce carries the flags and the next window's step reads the sum (its copy to the host has
         long finished: no wait), so every process turns True after the same step."""
-        return self._stop_agreed if self._stop_pending is not None or self._stop_agreed else self.stop_requested
+        if self._stop_pending is None and not self._stop_agreed:  # no count all-reduce has run: one process
+            return self.stop_requested
+        return self._stop_agreed
 
     def ends_window(self, *, last: bool) -> bool:
         """Whether the next micro-batch ends the window: it fills it, or it is the epoch's ``last`` (see

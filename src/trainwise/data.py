@@ -187,8 +187,9 @@ def data_kind(data: Any) -> str:
         return "samples"
     if isinstance(data, (str, bytes, Mapping)):
         return "unknown"
-    if hasattr(data, "__getitem__") and length(data) is not None:
-        if length(data) == 0:
+    size = length(data) if hasattr(data, "__getitem__") else None
+    if size is not None:
+        if size == 0:
             return "batches"  # empty: refused by check_loader with the usual sentence
         try:
             first = data[0]

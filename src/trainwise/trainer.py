@@ -617,11 +617,12 @@ class Trainer:
         if cfg.plot and history and self._dist.is_main:
             curves = {"history": history, "monitor": cfg.monitor, "best_epoch": best,
                       "overfitting_epoch": outcome.overfitting.onset_epoch if outcome.overfitting else None}
+            names = RunFolder(run.run_dir)
             if cfg.plot_format == "svg":  # no plotting library: a few milliseconds
-                plot = write_learning_curves_svg(path=RunFolder(run.run_dir).file(CURVES_SVG), **curves)
+                plot = write_learning_curves_svg(path=names.file(CURVES_SVG), **curves)
             else:
                 try:
-                    plot = plot_learning_curves(path=RunFolder(run.run_dir).file(CURVES_PNG), **curves)
+                    plot = plot_learning_curves(path=names.file(CURVES_PNG), **curves)
                 except ImportError:
                     run.progress.message(PLOT_HINT)
         status = {"interrupted": "interrupted", "preempted": "preempted", "nonfinite": "failed"}.get(
