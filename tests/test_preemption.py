@@ -256,3 +256,69 @@ def test_an_on_fit_end_that_raises_closes_the_run_first(tmp_path):
     assert not callback.optimizer._optimizer_step_pre_hooks and not callback.optimizer._optimizer_step_post_hooks
     assert CheckpointManager(run).latest().name == "ckpt-step000000016.pt"
     assert not [p.name for p in (run / "checkpoints").iterdir() if "tmp" in p.name]  # written whole
+
+
+ENDING = textwrap.dedent('''
+    import json, os, signal, sys
+    sys.path.insert(0, sys.argv[1])
+    import torch
+    from factories import Notes, SignalAfterStep, make_data, make_model
+    from trainwise import Preempted, Trainer
+
+
+    class SignalAtTheEnd:
+        """Sends SIGTERM to its own process from on_fit_end: while the run writes its end state."""
+
+        def on_fit_end(self, state):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+    run_dir, step = sys.argv[2], int(sys.argv[3])
+    torch.set_num_threads(1)
+    train, val = make_data()
+    callbacks = [SignalAtTheEnd()] + ([SignalAfterStep(step, "SIGTERM")] if step else [])
+    trainer = Trainer(epochs=2, batch_size=8, accumulation_steps=3, run_dir=run_dir, progress="off", seed=0,
+                      plot=False, callbacks=callbacks, loggers=[Notes(run_dir + "/tracker-end.txt")])
+    try:
+        result = trainer.fit(make_model, train, val)
+        print(json.dumps({"stopped": result.stopped, "steps": result.steps}), flush=True)
+    except Preempted as exc:
+        print(json.dumps({"stopped": exc.result.stopped, "steps": exc.result.steps}), flush=True)
+        raise
+    print("after fit", flush=True)
+''')
+
+
+def _ending(folder: Path, run_dir: Path, step: int) -> subprocess.CompletedProcess:
+    (folder / "ending.py").write_text(ENDING)
+    return subprocess.run([sys.executable, str(folder / "ending.py"), str(folder), str(run_dir), str(step)],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_while_the_run_writes_its_end_state_is_ignored(factories, tmp_path):
+    """Before: the handlers were put back before the end record and the trackers' finish were written, so a
+    scheduler's repeated SIGTERM there killed the process with the log and trackers never told."""
+    run = tmp_path / "run"
+    done = _ending(factories, run, 7)
+    assert done.returncode == 143, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"stopped": "preempted", "steps": 7}
+    end = read_log(run)[-1]
+    assert end["kind"] == "end" and end["status"] == "preempted" and end["step"] == 7
+    assert (run / "tracker-end.txt").read_text() == "preempted"
+    assert CheckpointManager(run).latest().name == "ckpt-step000000007.pt"
+
+
+@pytest.mark.slow
+def test_a_sigterm_while_a_finished_run_closes_ends_the_process_once_the_run_is_closed(factories, tmp_path):
+    """A SIGTERM that arrives after the last step is not lost: the run is closed first (end record, trackers,
+    the last checkpoint whole), then the signal takes its default action."""
+    run = tmp_path / "run"
+    done = _ending(factories, run, 0)
+    assert done.returncode == -signal.SIGTERM, done.stdout + done.stderr[-3000:]
+    assert "after fit" not in done.stdout
+    end = read_log(run)[-1]
+    assert end["kind"] == "end" and end["status"] == "finished" and end["step"] == 10
+    assert (run / "tracker-end.txt").read_text() == "finished"
+    assert CheckpointManager(run).latest().name == "ckpt-step000000010.pt"
+    assert not [p.name for p in (run / "checkpoints").iterdir() if "tmp" in p.name]

@@ -75,7 +75,9 @@ class StepBoundaryInterrupt:
     usual. A preemption signal is held armed or not, and repeats of it are ignored (a scheduler's SIGKILL ends
     the process at the end of its grace period). Only the main thread can handle signals, and a handler the
     program installed itself is left in place: in both cases nothing changes for that signal (``active`` is
-    False for SIGINT). Every handler is put back on exit.
+    False for SIGINT). Every handler is put back on exit; a preemption signal the block did not end in
+    :class:`Preempted` for (it arrived after the loop's last look, while the run was closing) is then sent
+    again, so it is delayed until the block is done, never lost.
     """
 
     def __init__(self, *, enabled: bool = True, preempt: Iterable[str] = ()) -> None:
@@ -102,7 +104,7 @@ class StepBoundaryInterrupt:
                 self.preempt_active.append(name)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         if self.active:
             signal.signal(signal.SIGINT, self._previous)
             self.active = False
@@ -110,6 +112,10 @@ class StepBoundaryInterrupt:
             signal.signal(number, previous)
         self._previous_preempt.clear()
         self.preempt_active = []
+        if self.preempted is not None and not (kind is not None and issubclass(kind, Preempted)):
+            # it came after the loop's last look (while the run was closing): not lost, delivered now that
+            # the run is closed, to the handler that was there before (the default one ends the process)
+            signal.raise_signal(signal.Signals[self.preempted])
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:

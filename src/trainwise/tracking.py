@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from trainwise.errors import TrainwiseError, show
+from trainwise.run_folder import RunFolder
 
 LOGGER_NAMES = ("jsonl", "tensorboard", "mlflow")
 END_STATES = ("finished", "stopped_early", "interrupted", "preempted", "failed")
@@ -77,8 +78,8 @@ def open_loggers(names: Sequence[str], objects: Sequence[Any], run_dir: Path, *,
     opened: list[Any] = []
     for name in names:
         try:
-            if name == "tensorboard":
-                opened.append(TensorBoardLogger(run_dir / "tensorboard", resumed_step=resumed_step))
+            if name == "tensorboard":  # a folder, or a symlink to one (a bigger disk); anything else refused
+                opened.append(TensorBoardLogger(RunFolder(run_dir).tensorboard, resumed_step=resumed_step))
             elif name == "mlflow":
                 opened.append(MLflowLogger(run_dir, resumed=resumed_step is not None))
         except TrainwiseError:  # already one sentence naming the fix
@@ -347,7 +348,6 @@ class MLflowLogger:
                                          tags={"trainwise.run_dir": str(self.run_dir.resolve())})
             self.run_id = run.info.run_id
             from trainwise.checkpoint.io import atomic_write_json
-            from trainwise.run_folder import RunFolder
 
             names = RunFolder(self.run_dir)  # mlflow.json records this trainwise run's id: see _continued_run
             atomic_write_json(names.file(_MLFLOW_RUN_FILE), {"tracking_uri": self.tracking_uri, "run_id": self.run_id,
@@ -358,8 +358,6 @@ class MLflowLogger:
     def _continued_run(self) -> str | None:
         """The MLflow run this run folder recorded, when it is in this tracking store and mlflow.json names this
         trainwise run's id (one naming another run, or none, starts a new MLflow run: it is never logged into)."""
-        from trainwise.run_folder import RunFolder
-
         try:
             names = RunFolder(self.run_dir)
             saved = json.loads(names.file(_MLFLOW_RUN_FILE).read_text(encoding="utf-8"))

@@ -15,13 +15,13 @@ from typing import Any, Literal
 
 import torch
 
-from trainwise import __version__
+from trainwise._version import __version__
 from trainwise.accumulation import GradientAccumulator
 from trainwise.batches import MicroBatch, forward_micro_batch, wants_accuracy
 from trainwise.batches import split_batch as default_split_batch
 from trainwise.callbacks import CallbackList, TrainingState
 from trainwise.checkpoint.compat import FACTS_KEY, run_facts
-from trainwise.checkpoint.manager import CheckpointManager
+from trainwise.checkpoint.manager import CheckpointManager, latest_in
 from trainwise.checkpoint.training import (
     save_training_checkpoint,
 )
@@ -188,7 +188,15 @@ class Trainer:
         self._lock = RunLock(".")  # replaced by the run folder's lock once it is known
         try:
             with determinism_restored():  # deterministic=True holds for this fit only
-                return self._run(self._start(model, train_data, val_data))
+                try:
+                    run = self._start(model, train_data, val_data)
+                except BaseException as exc:  # a process lost while the run starts: the same one sentence
+                    lost = lost_process_error(exc, self._dist, checkpoint=latest_in(self.config.run_dir),
+                                              timeout=self.config.dist_timeout)
+                    if lost is not None:
+                        raise lost from None
+                    raise
+                return self._run(run)
         finally:
             self._lock.release()  # the run folder is free for the next writer
             close_distributed(self._dist)  # only a process group this fit created
@@ -354,26 +362,31 @@ class Trainer:
                 run.resumable[name] = item
 
     def _run(self, run: Run) -> FitResult:
-        """The epochs; an interrupt or a NaN ends them with what was logged so far."""
+        """The epochs; an interrupt or a NaN ends them with what was logged so far. The signal handlers stay
+        until the run is closed: a repeated SIGTERM while the end state is written is ignored, and one that
+        came after the last step takes effect once the run is closed (see StepBoundaryInterrupt)."""
         if run.loop.get("stopped_early"):
             run.outcome.stopped_early = True
             run.progress.message(f"the run had stopped early at epoch {run.loop['epoch'] - 1}; nothing to train "
                                  "(start another run_dir to train again).")
+        # a resume computes with the thread count the checkpoint recorded (float sums depend on it); Ctrl-C
+        # during training waits for the current optimizer step (not under several processes, which would have
+        # to agree on the step)
+        with threads_beside_workers(run.device, run.train_loader, threads=run.loop.get("threads")), \
+                StepBoundaryInterrupt(enabled=not self._dist.enabled,
+                                      preempt=self.config.preempt_signals) as run.interrupt:
+            return self._epochs(run)
+
+    def _epochs(self, run: Run) -> FitResult:
         try:
-            # a resume computes with the thread count the checkpoint recorded (float sums depend on it);
-            # Ctrl-C during training waits for the current optimizer step (not under several processes,
-            # which would have to agree on the step)
-            with threads_beside_workers(run.device, run.train_loader, threads=run.loop.get("threads")), \
-                    StepBoundaryInterrupt(enabled=not self._dist.enabled,
-                                          preempt=self.config.preempt_signals) as run.interrupt:
-                run.loop["threads"] = torch.get_num_threads()
-                self._fire(run, "on_fit_start")
-                for epoch in range(run.loop["epoch"], 0 if run.outcome.stopped_early else self.config.epochs + 1):
-                    if self._epoch(run, epoch):
-                        break
-                if run.interrupt.preempted:  # held after the last step: the run ends saved, as preempted
-                    run.interrupt_saved = run.checkpoint_step == run.accumulator.optimizer_steps
-                    raise Preempted(signal_name=run.interrupt.preempted)
+            run.loop["threads"] = torch.get_num_threads()
+            self._fire(run, "on_fit_start")
+            for epoch in range(run.loop["epoch"], 0 if run.outcome.stopped_early else self.config.epochs + 1):
+                if self._epoch(run, epoch):
+                    break
+            if run.interrupt.preempted:  # held after the last step: the run ends saved, as preempted
+                run.interrupt_saved = run.checkpoint_step == run.accumulator.optimizer_steps
+                raise Preempted(signal_name=run.interrupt.preempted)
         except KeyboardInterrupt as exc:
             steps = run.accumulator.optimizer_steps
             run.outcome.stopped = "interrupted"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -112,8 +114,21 @@ def test_fsdp_shards_train_like_one_process_and_convert_to_one_file(single: dict
 
     run = tmp_path / "run"
     _torchrun(str(tmp_path / "fsdp2.pt"), str(run), "--mode", "fsdp", "--epochs", "2")
+    # sharded folders without their checkpoint file: one this run's (a kill between its shards and its file),
+    # one another run's, one that names no run: only this run's is removed by its next save
+    run_id = json.loads((run / "config.json").read_text())["run_id"]
+    for step, owner in ((7, run_id), (8, "0123456789abcdef"), (9, None)):
+        left = run / "checkpoints" / f"sharded-step{step:09d}"
+        left.mkdir()
+        (left / "__0_0.distcp").write_bytes(b"shards")
+        if owner is not None:
+            (left / ".trainwise-run.json").write_text(json.dumps({"run_id": owner, "step": step}))
     # resume the sharded run for a third epoch: model and optimizer from the shards, the rest from the file
     _torchrun(str(tmp_path / "fsdp.pt"), str(run), "--mode", "fsdp", "--epochs", "3", "--resume", "auto")
+    left = sorted(p.name for p in (run / "checkpoints").glob("sharded-step00000000[789]"))
+    assert left == ["sharded-step000000008", "sharded-step000000009"]  # before: this run's stayed too
+    for name in left:
+        shutil.rmtree(run / "checkpoints" / name)
     fsdp = torch.load(tmp_path / "fsdp.pt")
     assert fsdp["steps"] == single["steps"] and len(fsdp["history"]) == 3
     assert fsdp["history"][-1]["val_accuracy"] == single["history"][-1]["val_accuracy"]

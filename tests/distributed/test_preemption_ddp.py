@@ -148,3 +148,55 @@ def test_a_dead_rank_is_one_sentence_from_the_survivor_within_the_timeout(tmp_pa
     assert lines[0].startswith("trainwise fit: error: process 1 of 2 died")
     # 6 steps an epoch for each rank: epoch 1's checkpoint is the latest good one
     assert f"the latest good checkpoint is {tmp_path / 'run' / 'checkpoints' / 'ckpt-step000000006.pt'}" in lines[0]
+
+
+DIES_BEFORE_THE_LOOP = textwrap.dedent('''
+    import os
+    import torch
+    from torch.utils.data import Dataset
+
+
+    class Samples(Dataset):
+        """With TW_TEST_DIE=1, rank 1 ends its process at its first sample read: while fit starts (the run's
+        facts read the first and last samples), before any collective of the loop."""
+
+        def __init__(self):
+            g = torch.Generator().manual_seed(0)
+            self.x = torch.randn(48, 6, generator=g)
+            self.y = (self.x[:, 0] > 0).long()
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            if os.environ.get("TW_TEST_DIE") == "1" and os.environ.get("RANK") == "1":
+                os._exit(1)
+            return self.x[i], self.y[i]
+
+
+    def make_model():
+        return torch.nn.Linear(6, 2)
+
+
+    def make_data():
+        return Samples()
+''')
+
+
+def test_a_rank_that_dies_before_the_loop_is_one_sentence_naming_the_checkpoint(tmp_path, monkeypatch):
+    """Before: a peer lost while the run started (the run folder's and the resume's broadcasts) gave gloo's
+    traceback; only the loop's collectives were turned into the one sentence."""
+    (tmp_path / "factories.py").write_text(DIES_BEFORE_THE_LOOP)
+    (tmp_path / "fit.toml").write_text(CONFIG.format(run_dir=tmp_path / "run").replace("epochs = 3", "epochs = 1"))
+    cli = Path(sys.executable).with_name("trainwise")
+    first = _launch([str(cli), "fit", "fit.toml"], cwd=tmp_path, timeout=60)
+    assert [d.returncode for d in first] == [0, 0], first[0].stderr[-3000:] + first[1].stderr[-3000:]
+    monkeypatch.setenv("TW_TEST_DIE", "1")
+    done = _launch([str(cli), "fit", "fit.toml", "resume=auto"], cwd=tmp_path, timeout=60)
+    assert done[1].returncode == 1
+    survivor = done[0]
+    assert survivor.returncode == 2, survivor.stderr[-3000:]
+    lines = survivor.stderr.strip().splitlines()
+    assert len(lines) == 1, survivor.stderr[-3000:]
+    assert lines[0].startswith("trainwise fit: error: process 1 of 2 died"), lines[0]
+    assert f"the latest good checkpoint is {tmp_path / 'run' / 'checkpoints' / 'ckpt-step000000006.pt'}" in lines[0]

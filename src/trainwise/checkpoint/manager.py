@@ -61,6 +61,7 @@ class CheckpointManager:
         monitor: str | None = None,
         mode: Literal["min", "max"] = "min",
         run_id: Any = ANY_RUN,
+        tidy: bool = True,
     ) -> None:
         if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
             raise TrainwiseError(
@@ -83,7 +84,8 @@ class CheckpointManager:
         self._commit_step: int | None = None
         self._commit_error: BaseException | None = None
         self._complete: dict[str, tuple[int, int]] = {}  # name -> (size, mtime_ns) of a file read whole
-        self._remove_stale_temp_files()
+        if tidy:  # tidy=False: only looking (nothing removed)
+            self._remove_stale_temp_files()
 
     # -- finding -------------------------------------------------------------------------------------
 
@@ -357,6 +359,16 @@ def verify_checksums(path: str | os.PathLike[str]) -> None:
         raise TrainwiseError(f"{path} is damaged: its member {bad} fails its checksum.")
 
 
+def latest_in(run_dir: str | os.PathLike[str] | None) -> Path | None:
+    """The newest complete checkpoint in ``run_dir/checkpoints`` (None for none, or no such folder), found
+    without writing or deleting anything: for naming the latest good checkpoint in an error."""
+    if run_dir is None:
+        return None
+    with contextlib.suppress(OSError, TrainwiseError):
+        return CheckpointManager(run_dir, tidy=False).latest()
+    return None
+
+
 def find_resume_checkpoint(
     resume: Any, run_dir: str | os.PathLike[str] | None, *, run_id: Any = ANY_RUN
 ) -> Path | None:
@@ -383,4 +395,4 @@ def find_resume_checkpoint(
 
 
 __all__ = ["ANY_RUN", "CHECKPOINT_FOLDER", "CheckpointManager", "checkpoint_name", "find_resume_checkpoint",
-           "verify_checksums"]
+           "latest_in", "verify_checksums"]

@@ -11,11 +11,15 @@ and optimizer as shards beside the file) and restored in place.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
+import stat
 from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from trainwise.checkpoint.io import atomic_write_json
 from trainwise.checkpoint.manager import (
     ANY_RUN,
     CHECKPOINT_FOLDER,
@@ -38,9 +42,11 @@ from trainwise.distributed import (
     save_sharded,
 )
 from trainwise.errors import TrainwiseError
+from trainwise.run_folder import RUN_ID_KEY
 from trainwise.runlog import write_failure
 
 SHARDED_PREFIX = "sharded-step"
+SHARDED_OWNER = ".trainwise-run.json"  # in a sharded folder: the run id of the run that wrote it
 Skipped = Callable[[str, Path], None]  # told each damaged newer checkpoint passed over, and the one used
 
 
@@ -143,14 +149,20 @@ def save_training_checkpoint(
                 if manager is None:
                     raise TrainwiseError("under FSDP every process must pass run_dir= to save its shards.")
                 run_dir = manager.run_dir
-            save_sharded(Path(run_dir) / CHECKPOINT_FOLDER / folder, to_save["model"], to_save["optimizer"])
+            shards = Path(run_dir) / CHECKPOINT_FOLDER / folder
+            problem = first_problem(_unsafe_shard_folder(shards))  # every rank writes there: all refuse together
+            if problem is not None:
+                raise TrainwiseError(problem)
+            owner = manager.run_id if manager is not None and isinstance(manager.run_id, str) else None
+            run_on_main(lambda: owner and _mark_shards(shards, owner, step))  # this run's folder from now on
+            save_sharded(shards, to_save["model"], to_save["optimizer"])
             to_save = {**_without_model(to_save), "sharded": folder}
     if manager is not None:
         with _disk_failures(manager, step):
             manager.save(to_save, step=step, metric=metric, config=config,
                          background=background and "sharded" not in to_save)
         if "sharded" in to_save:
-            _prune_sharded(manager)
+            _prune_sharded(manager, saved=f"step{step:09d}")
     barrier()  # nobody goes on before the checkpoint is written (in the background: serialised)
 
 
@@ -181,11 +193,49 @@ def _without_model(state: MutableMapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in state.items() if k not in ("model", "optimizer")}
 
 
-def _prune_sharded(manager: CheckpointManager) -> None:
-    """Delete sharded folders whose checkpoint file the manager no longer keeps (rank 0)."""
+def _unsafe_shard_folder(folder: Path) -> str | None:
+    """Why the sharded folder of a step may not be written (a symlink or a file there), or None."""
+    try:
+        mode = os.lstat(folder).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{folder} cannot be read ({exc.strerror}); choose another run_dir."
+    if stat.S_ISDIR(mode):
+        return None
+    kind = "a symlink" if stat.S_ISLNK(mode) else "not a folder"
+    return (f"{folder} (a sharded checkpoint's folder) is {kind}, so trainwise will not write shards into it; "
+            "remove it or choose another run_dir.")
+
+
+def _mark_shards(folder: Path, run_id: str, step: int) -> None:
+    """Record the run id in a sharded folder before its shards are written: a folder a kill left without its
+    checkpoint file is then known to be this run's, and removed by its next save."""
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(folder / SHARDED_OWNER, {RUN_ID_KEY: run_id, "step": step})
+
+
+def _shards_owner(folder: Path) -> str | None:
+    """The run id a sharded folder records (None: none, or unreadable)."""
+    marker = folder / SHARDED_OWNER
+    try:
+        if not stat.S_ISREG(os.lstat(marker).st_mode) or os.lstat(marker).st_size > 4096:
+            return None
+        value = json.loads(marker.read_text(encoding="utf-8")).get(RUN_ID_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _prune_sharded(manager: CheckpointManager, *, saved: str) -> None:
+    """Delete this run's sharded folders whose checkpoint file is not kept (rank 0): those the manager pruned,
+    and those a kill left without their file (their marker names this run). ``saved``: the step just saved."""
     kept = {path.name.removeprefix("ckpt-").removesuffix(".pt") for path in manager.checkpoints()}
     pruned = {name.removeprefix("ckpt-").removesuffix(".pt") for name in manager.pruned}  # this run's only
     for folder in manager.folder.glob(f"{SHARDED_PREFIX}*"):
         step = folder.name.removeprefix("sharded-")
-        if folder.is_dir() and not folder.is_symlink() and step in pruned and step not in kept:
+        if step in kept or step == saved or folder.is_symlink() or not folder.is_dir():
+            continue
+        orphan = isinstance(manager.run_id, str) and _shards_owner(folder) == manager.run_id
+        if step in pruned or orphan:
             shutil.rmtree(folder, ignore_errors=True)
