@@ -5,8 +5,9 @@ in an empty temporary folder. Two HTML comments, on the lines just before a bloc
 
 - ``<!-- snippet: setup CODE -->`` runs CODE (one or more lines, hidden from readers) before the block: the
   objects a fragment takes from the reader's own program (``model``, ``optimizer``, ``loader``), kept small;
-- ``<!-- snippet: skip (reason) -->`` leaves a block out that cannot run by nature; each one is reported as a
-  skipped test with its reason. Keep them rare: a snippet that is simply wrong is fixed instead.
+- ``<!-- snippet: skip (reason) -->`` leaves a block out that cannot run by nature; it must still compile, and
+  each one is reported as a skipped test with its reason. Keep them rare: a snippet that is simply wrong is fixed
+  instead.
 
 A failing block's traceback names the page and the line of the page (``File "README.md", line 60``).
 Pages added under docs/ are picked up by themselves. docs/rules/ is not here: its Example blocks are wrong on
@@ -207,11 +208,31 @@ def test_parser_reads_fences_and_markers(tmp_path):
     ]
 
 
+def compile_block(block: Block, path: Path) -> None:
+    """Compile ``block`` as the runner would (under the page's path, at the page's lines), without running it."""
+    compile("\n" * (block.line - 1) + block.code, str(path), "exec", dont_inherit=True)
+
+
 @pytest.mark.parametrize("block", SKIPPED or [None], ids=lambda b: b.name if b else "none")
-def test_skipped_snippet(block):
-    """One skipped test per skipped block, with its reason (``-ra`` lists them); passes when there is none."""
-    if block is not None:
-        pytest.skip(f"{block.name}: {block.skip}")
+def test_skipped_snippet_compiles(block):
+    """A block left out of the run is still Python a reader can paste: it must compile (a SyntaxError fails the
+    test and names the page's line); then it is reported as skipped with its reason (``-ra`` lists it). With no
+    skipped block there is nothing to compile."""
+    if block is None:
+        return
+    compile_block(block, ROOT / block.page)
+    pytest.skip(f"{block.name}: {block.skip}")
+
+
+def test_a_skipped_block_that_does_not_compile_fails(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\n<!-- snippet: skip (needs a GPU) -->\n```python\nfor batch in loader\n```\n",
+                    encoding="utf-8")
+    (block,) = parse_page(page)[0]
+    assert block.skip == "needs a GPU"
+    with pytest.raises(SyntaxError) as caught:
+        compile_block(block, page)
+    assert (caught.value.filename, caught.value.lineno) == (str(page), 5)
 
 
 @pytest.mark.slow

@@ -1,9 +1,11 @@
 """benchmarks/gpu_check.py: its Trainer-against-hand-loop timing runs on CPU (``--cpu-dry-run``) and reports
-tokens/s and MFU for both sides; the GPT-2-small shape and the peak table are the ones MFU needs."""
+tokens/s and MFU for both sides; the GPT-2-small shape and the peak table are the ones MFU needs. On a machine
+with CUDA the real check runs too (every CUDA path, with one short timing round)."""
 
 import importlib.util
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -78,7 +80,29 @@ def test_peak_by_device_name(gpu_check, name, peak):
     assert gpu_check.peak_bf16_flops(name, 100.0)[0] == 100e12
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU this would run the whole check")
-def test_without_cuda_it_says_so_and_exits_0(gpu_check, capsys):
+def test_without_cuda_it_says_so_and_exits_0(gpu_check, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # so that it runs on a GPU machine too
     assert gpu_check.main([]) == 0
     assert "no CUDA device here" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the CPU path is the dry run above)")
+def test_the_real_check_on_cuda():
+    """Every CUDA check of the script (device, precision, pinned copies, bf16/fp16 demo runs, OOM recovery), then
+    the GPT-2-small timing cut to one round of 2 + 3 steps per side. In a process of its own: the OOM check caps
+    the process's GPU memory."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--json", "--rounds", "1", "--warmup", "2", "--steps", "3"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+    out = proc.stdout
+    assert "FAILED" not in out
+    assert "device cuda" in out and "OOM recovery: trained at micro-batch" in out
+    report = _report(out)
+    assert report["device"] == torch.cuda.get_device_name(0)
+    assert report["shape"]["layers"] == 12 and report["shape"]["rounds"] == 1 and len(report["round_ratios"]) == 1
+    for side in ("hand", "trainer"):
+        entry = report["sides"][side]
+        assert entry["tokens_per_s"] > 0 and math.isfinite(entry["mean_loss"])
+        assert (entry["mfu"] is None) == (report["peak_flops"] is None)
+    assert report["sides"]["trainer"]["mean_loss"] == pytest.approx(report["sides"]["hand"]["mean_loss"], abs=0.1)

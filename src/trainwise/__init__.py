@@ -3,10 +3,10 @@
 Primitives a hand-written loop can take one at a time, a small Trainer built only from them, and checks.
 """
 
-__version__ = "0.1.0"
-
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from trainwise._version import __version__
 
 # Names resolve on first use (PEP 562), so that `import trainwise` (and the doctor) never pays for torch.
 _EXPORTS = {

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainwise import __version__
+from trainwise._version import __version__
 from trainwise.checkpoint.io import atomic_write_json
 from trainwise.errors import TrainwiseError
 from trainwise.evaluation import restore_training_modes, training_modes

@@ -4,6 +4,6 @@ import os
 
 os.environ["TRAINWISE_DOCTOR_STRICT"] = "1"
 
-import trainwise.doctor.engine as _engine
+import trainwise.doctor.analysis as _analysis
 
-_engine.STRICT = True
+_analysis.STRICT = True

@@ -54,21 +54,25 @@ def test_a_clean_demo_run_gets_no_finding(tmp_path, finetune):
     assert records and not [r for r in records if r["kind"] == "guard"], summary
 
 
-def test_the_trainer_runs_every_check_but_those_its_own_loop_rules_out(tmp_path, monkeypatch):
-    from trainwise import fit_run as trainer_module  # where the Trainer's guards are installed
-    from trainwise.guards.registry import all_check_classes
+# What the Trainer's loop rules out itself: it zeroes the gradients every step (TW105), scales float16 with a
+# GradScaler (TW109) and moves every batch to the model's device (TW112); with train_norm_stats=True frozen norm
+# layers update their statistics on purpose (TW108).
+RULED_OUT_BY_THE_LOOP = {"TW105", "TW109", "TW112"}
 
-    installed = []
-    real_guard = trainer_module.Guard
 
-    def recording_guard(*args, **kwargs):
-        guard = real_guard(*args, **kwargs)
-        installed.append(sorted(check.code for check in guard.checks))
-        return guard
+@pytest.mark.parametrize("train_norm_stats", [False, True])
+def test_the_trainer_runs_every_check_but_those_its_own_loop_rules_out(tmp_path, monkeypatch, train_norm_stats):
+    with tw.guard(nn.Linear(2, 2)) as plain:  # a guard given no checks= runs every check there is
+        every = {check.code for check in plain.checks}
+    installed = []  # the codes of each tw.Guard built during the fit, whichever module builds it
+    real_init = tw.Guard.__init__
 
-    monkeypatch.setattr(trainer_module, "Guard", recording_guard)
-    _fit(tmp_path)
-    every = {cls.code for cls in all_check_classes()}
-    assert every > trainer_module.RULED_OUT_BY_THE_LOOP  # a renamed code cannot silently switch a check back on
-    # zero_grad every step, a GradScaler for float16, every batch moved to the model's device
-    assert installed == [sorted(every - {"TW105", "TW109", "TW112"})]
+    def recording_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        installed.append(sorted(check.code for check in self.checks))
+
+    monkeypatch.setattr(tw.Guard, "__init__", recording_init)
+    _fit(tmp_path, train_norm_stats=train_norm_stats)
+    skipped = RULED_OUT_BY_THE_LOOP | ({"TW108"} if train_norm_stats else set())
+    assert every > skipped  # a renamed code cannot silently switch a check back on
+    assert installed == [sorted(every - skipped)]

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainwise import __version__
+from trainwise._version import __version__
 from trainwise.checkpoint.io import PendingWrite, safe_load, write_temporary
 from trainwise.errors import TrainwiseError, printable, show
 from trainwise.seeding import get_rng_state, set_rng_state

@@ -704,7 +704,7 @@ def save_weights(model_or_weights: Any, path: str | os.PathLike[str]) -> Path:
 
 def safetensors_bytes(weights: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
     """Serialise tensors to safetensors bytes; tensors that share memory (tied weights) are copied apart."""
-    from trainwise import __version__
+    from trainwise._version import __version__
     from trainwise.checkpoint.io import _safetensors_torch
 
     st = _safetensors_torch()

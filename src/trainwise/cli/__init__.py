@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from trainwise import __version__
+from trainwise._version import __version__
 from trainwise.errors import NonFiniteLossError, TrainwiseError
 
 EXIT_USER_ERROR = 2

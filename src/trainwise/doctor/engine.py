@@ -1,4 +1,5 @@
-"""The doctor's engine: find files, parse each with ``ast``, run every selected rule in one pass, apply noqa.
+"""The doctor's engine: find files, read and decode each, and check its text (``analysis.py``: parse with
+``ast``, run every selected rule in one pass, apply noqa; ``notebook.py`` for a notebook's cells).
 
 Nothing here imports torch (or numpy): the doctor reads training scripts, it never runs them. A file that
 cannot be read or parsed becomes one ``TW900`` finding and the run goes on.
@@ -6,7 +7,6 @@ cannot be read or parsed becomes one ``TW900`` finding and the run goes on.
 
 from __future__ import annotations
 
-import ast
 import errno
 import os
 import re
@@ -18,19 +18,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainwise.doctor.context import Context
+from trainwise.doctor.analysis import PARSE_ERROR, analyse, parse_error
+from trainwise.doctor.notebook import check_notebook
 from trainwise.doctor.rule import Finding, Rule
-from trainwise.doctor.text import LINE_BREAK
 from trainwise.errors import TrainwiseError
 
-PARSE_ERROR = "TW900"
 SKIP_DIRS = frozenset({".venv", "venv", ".git", "build", "site-packages", "__pycache__", ".tox", ".nox",
                        ".mypy_cache", ".ruff_cache", ".pytest_cache", ".ipynb_checkpoints", "node_modules"})
 SUFFIXES = (".py", ".ipynb")
 CONFIG_KEYS = frozenset({"select", "ignore", "exclude", "unsafe-fixes"})
-_NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
-# Set by the tests: a rule that raises makes the run fail instead of becoming a TW900 finding.
-STRICT = os.environ.get("TRAINWISE_DOCTOR_STRICT") == "1"
 
 
 # ------------------------------------------------------------------------------------------------ configuration
@@ -180,76 +176,11 @@ class FileResult:
     notebook: bool = False
 
 
-def parse_error(path: str, message: str, line: int = 1, column: int = 1, cell: int | None = None) -> Finding:
-    """A ``TW900`` finding: the file could not be read or parsed."""
-    return Finding(path, max(line, 1), max(column, 1), PARSE_ERROR, "unreadable-file", message, cell=cell)
-
-
 def check_source(source: str, path: str = "<string>", *, config: Config | None = None,
                  rules: Sequence[type[Rule]] | None = None) -> list[Finding]:
     """Check Python source text; return its findings (a ``TW900`` one if it does not parse), noqa applied."""
     findings, _ = analyse(source, path, rules=(config or Config()).rules() if rules is None else rules)
     return findings
-
-
-def parse(source: str, path: str) -> ast.Module | Finding:
-    """The ``ast`` of ``source``, or the ``TW900`` finding that says why it does not parse."""
-    try:
-        return ast.parse(source, filename=path)
-    except SyntaxError as exc:
-        return parse_error(path, f"syntax error: {exc.msg}", exc.lineno or 1, exc.offset or 1)
-    except (ValueError, RecursionError, MemoryError) as exc:  # null bytes; too deeply nested to parse
-        return parse_error(path, f"cannot parse: {_describe(exc)}")
-
-
-def analyse(source: str, path: str, *, rules: Sequence[type[Rule]]) -> tuple[list[Finding], bool]:
-    """Parse and run ``rules`` in one pass; returns the findings and whether the source parsed."""
-    tree = parse(source, path)
-    if isinstance(tree, Finding):
-        return [tree], False
-    findings: list[Finding] = []
-    try:
-        run_rules(Context(tree, source, path), rules, findings)
-    except (RecursionError, MemoryError) as exc:
-        return [parse_error(path, f"cannot analyse: {_describe(exc)}")], True
-    except Exception as exc:  # a bug in a rule must not stop the other files
-        if STRICT:
-            raise
-        return [parse_error(path, f"internal error while checking this file: {type(exc).__name__}: {exc}")], True
-    findings.sort(key=Finding.sort_key)
-    return apply_noqa(findings, LINE_BREAK.split(source)), True
-
-
-def run_rules(ctx: Context, rules: Sequence[type[Rule]], sink: list[Finding]) -> None:
-    """Instantiate the rules for this file and dispatch every node to every rule that visits its type."""
-    handlers: dict[type, list] = {}
-    instances = []
-    for rule_cls in rules:
-        rule = rule_cls(ctx, sink)
-        instances.append(rule)
-        for node_type, method in rule_cls.visited_types().items():
-            handlers.setdefault(node_type, []).append(getattr(rule, method))
-    for node_type, methods in handlers.items():
-        for node in ctx.nodes(node_type):
-            for method in methods:
-                method(node)
-    for rule in instances:
-        rule.finish()
-
-
-def apply_noqa(findings: list[Finding], lines: list[str]) -> list[Finding]:
-    """Drop findings whose line carries ``# noqa`` (all codes) or ``# noqa: TW101, TW302`` (those codes)."""
-    kept = []
-    for finding in findings:
-        text = lines[finding.line - 1] if 0 < finding.line <= len(lines) else ""
-        if "noqa" in text.lower():
-            match = _NOQA.search(text)
-            if match is not None:
-                codes = match.group("codes")
-                if codes is None or finding.code in {c.upper() for c in re.split(r"[,\s]+", codes)}:
-                    continue
-        kept.append(finding)
-    return kept
 
 
 _BYTE_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
@@ -308,8 +239,6 @@ def check_file(path: str, config: Config | None = None, *, rules: Sequence[type[
         result.findings = [parse_error(path, str(exc))]
         return result
     if result.notebook:
-        from trainwise.doctor.notebook import check_notebook
-
         result.findings, result.parsed = check_notebook(data, path, rules=rules)
         return result
     try:
@@ -631,14 +560,6 @@ def _walk(folder: str, ignore_sets: list[_IgnoreSet], ancestors: set[tuple[int, 
 
 def _os_reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, RecursionError):
-        return "too deeply nested (RecursionError)"
-    if isinstance(exc, MemoryError):
-        return "too large or too deeply nested (MemoryError)"
-    return str(exc) or type(exc).__name__
 
 
 __all__ = ["Config", "FileResult", "analyse", "check_file", "check_paths", "check_source", "discover",

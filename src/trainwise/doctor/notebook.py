@@ -8,6 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from trainwise.doctor.analysis import analyse, parse, parse_error
 from trainwise.doctor.rule import Finding, Rule
 from trainwise.doctor.text import split_lines
 
@@ -153,8 +154,6 @@ class _Scanner:
 def check_notebook(data: bytes, path: str, *, rules: Sequence[type[Rule]]) -> tuple[list[Finding], bool]:
     """Findings of a notebook's code cells, located by cell and line. A cell that does not parse gets one
     TW900 finding and is left out; the other cells are still checked."""
-    from trainwise.doctor.engine import analyse, parse_error
-
     try:
         cells = cell_sources(data)
     except ValueError as exc:
@@ -197,8 +196,6 @@ _MAX_TAKEN_OUT = 100
 
 def _broken_cells(cells: Sequence[tuple[int, str]], path: str) -> list[Finding]:
     """A TW900 finding for each cell that does not parse on its own, located in that cell."""
-    from trainwise.doctor.engine import parse
-
     out = []
     for number, source in cells:
         single = join_cells([(number, source)])

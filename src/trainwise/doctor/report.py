@@ -45,7 +45,7 @@ def render_json(findings: Sequence[Finding], out: TextIO) -> None:
 
 def sarif(findings: Sequence[Finding]) -> dict[str, Any]:
     """A SARIF 2.1.0 log (for GitHub code scanning and other viewers)."""
-    from trainwise import __version__
+    from trainwise._version import __version__
     from trainwise.doctor.rules import all_rules
 
     rules = all_rules()

@@ -12,11 +12,13 @@ import contextlib
 import dataclasses
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
 
 from trainwise.errors import TrainwiseError
+from trainwise.guards.check import Check
+from trainwise.guards.registry import check_classes
 from trainwise.wrappers import is_compiled_module, model_layers, optimizer_layers
 
 Action = Literal["warn", "raise", "record"]
@@ -59,65 +61,6 @@ class GuardError(TrainwiseError):
         self.code, self.step, self.where = finding.code, finding.step, finding.where
 
 
-class Check:
-    """One code's runtime check. Subclasses set ``code`` and override the events they need; the guard calls
-    only the overridden ones. ``after_forward`` may return a replacement for the model's output (or None)."""
-
-    code: ClassVar[str] = ""
-
-    def __init__(self, guard: Guard) -> None:
-        self.guard = guard
-
-    def on_install(self) -> None:
-        """Once, when the guard starts (the model and optimizer as they are now)."""
-
-    def before_forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Before each forward of the guarded model (not of its submodules)."""
-
-    def after_forward(
-        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
-    ) -> Any:
-        """After each forward of the guarded model; return a replacement output, or None to keep it."""
-        return None
-
-    def before_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Before each ``optimizer.step()`` (``guard.step`` is the number of steps taken so far)."""
-
-    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """After each ``optimizer.step()`` (``guard.step`` already counts it)."""
-
-    def on_check(self) -> None:
-        """Every ``check_every`` steps and at ``close`` (``guard.closing``): where a check may read values
-        from the device."""
-
-    def close(self) -> None:
-        """Drop whatever the check holds (hooks of its own, references)."""
-
-
-class OncePerStep:
-    """When a forward-time scan is due: on the first call after each optimizer step (the guard's step count
-    moved since the last scan), or without an optimizer every ``check_every``-th call. ``ready()`` counts the
-    call and says whether the scan is due; ``fire()`` marks it done until the next step. Nothing runs per
-    step for it: a check that uses it needs no ``after_step``."""
-
-    def __init__(self, guard: Guard) -> None:
-        self.guard = guard
-        self.every = guard.check_every if guard.optimizer is None else 0
-        self.seen = 0
-        self.fired_at = -1  # the guard's step count at the last scan
-
-    def ready(self) -> bool:
-        if self.guard.step != self.fired_at:
-            return True
-        if not self.every:
-            return False
-        self.seen += 1
-        return self.seen % self.every == 0
-
-    def fire(self) -> None:
-        self.fired_at = self.guard.step
-
-
 class Guard:
     """Runtime checks on ``model`` (and ``optimizer``), reported once per code and place.
 
@@ -154,8 +97,6 @@ class Guard:
         forward_every: int = 1,
         other_wrappers: Sequence[torch.nn.Module] = (),
     ) -> None:
-        from trainwise.guards.registry import check_classes
-
         if not isinstance(model, torch.nn.Module):
             raise TrainwiseError(f"guard() watches a torch.nn.Module, got {type(model).__name__}.")
         # the optimizer that steps, inside Accelerate's AcceleratedOptimizer (which has no step hooks of its own)

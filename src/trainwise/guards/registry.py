@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import TYPE_CHECKING
 
 from trainwise.errors import TrainwiseError
-
-if TYPE_CHECKING:
-    from trainwise.guards.core import Check
+from trainwise.guards.check import Check
 
 
 def all_check_classes() -> list[type[Check]]:
     """The check classes of the ``twNNN_*.py`` modules of this package, in code order."""
-    from trainwise.guards import core
-
     package = importlib.import_module("trainwise.guards")
     found = []
     for info in pkgutil.iter_modules(package.__path__):
@@ -23,7 +18,7 @@ def all_check_classes() -> list[type[Check]]:
             continue
         module = importlib.import_module(f"trainwise.guards.{info.name}")
         for value in vars(module).values():
-            is_check = isinstance(value, type) and issubclass(value, core.Check) and value is not core.Check
+            is_check = isinstance(value, type) and issubclass(value, Check) and value is not Check
             if is_check and value.code and value.__module__ == module.__name__:
                 found.append(value)
     return sorted(found, key=lambda cls: cls.code)

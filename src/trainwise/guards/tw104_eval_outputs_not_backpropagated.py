@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from trainwise.guards.core import Check
+from trainwise.guards.check import Check
 from trainwise.guards.outputs import tensors_with_graph
 
 _WHERE = "(the model)"

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from trainwise.guards.core import Check
+from trainwise.guards.check import Check
 
 _WATCHED = 4  # parameters whose gradient tensors are followed from one step to the next
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from trainwise.guards.core import Check
+from trainwise.guards.check import Check
 
 
 def _shown(names: list[str]) -> str:

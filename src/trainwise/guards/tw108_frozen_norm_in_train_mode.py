@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from trainwise.freezing import has_running_stats, is_pinned_eval
-from trainwise.guards.core import Check, OncePerStep
+from trainwise.guards.check import Check, OncePerStep
 
 
 def _deciding_params(modules: dict[str, nn.Module], name: str) -> list[nn.Parameter]:

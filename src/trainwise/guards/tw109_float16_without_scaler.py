@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from trainwise.guards.core import Check
+from trainwise.guards.check import Check
 
 _DEVICE_TYPES = ("cuda", "cpu")
 _MAX_DEPTH = 16  # frames searched above the step hook: scaler.step -> _maybe_opt_step -> optimizer wrappers

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainwise.guards.core import Check
+from trainwise.guards.check import Check
 
 
 class RequiresGradOnModule(Check):

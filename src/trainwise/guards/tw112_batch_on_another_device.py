@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from trainwise.guards.core import Check
+from trainwise.guards.check import Check
 
 _MAX_DEPTH = 4  # nesting of tuples, lists and dicts searched inside one argument
 

@@ -8,7 +8,7 @@ import operator
 
 import torch
 
-from trainwise.guards.core import Check
+from trainwise.guards.check import Check
 
 _GRAD = operator.attrgetter("grad")
 _NOT_NONE = functools.partial(operator.is_not, None)

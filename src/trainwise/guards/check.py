@@ -1,0 +1,71 @@
+"""What a runtime check is: ``Check``, the base class of each code's check (one ``twNNN_*.py`` module per code),
+and ``OncePerStep``, the schedule of the checks that scan on a forward. The guard in ``core.py`` runs them; the
+check modules and ``registry.py`` need only this, not the guard."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from trainwise.guards.core import Guard
+
+
+class Check:
+    """One code's runtime check. Subclasses set ``code`` and override the events they need; the guard calls
+    only the overridden ones. ``after_forward`` may return a replacement for the model's output (or None)."""
+
+    code: ClassVar[str] = ""
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+
+    def on_install(self) -> None:
+        """Once, when the guard starts (the model and optimizer as they are now)."""
+
+    def before_forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Before each forward of the guarded model (not of its submodules)."""
+
+    def after_forward(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> Any:
+        """After each forward of the guarded model; return a replacement output, or None to keep it."""
+        return None
+
+    def before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Before each ``optimizer.step()`` (``guard.step`` is the number of steps taken so far)."""
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """After each ``optimizer.step()`` (``guard.step`` already counts it)."""
+
+    def on_check(self) -> None:
+        """Every ``check_every`` steps and at ``close`` (``guard.closing``): where a check may read values
+        from the device."""
+
+    def close(self) -> None:
+        """Drop whatever the check holds (hooks of its own, references)."""
+
+
+class OncePerStep:
+    """When a forward-time scan is due: on the first call after each optimizer step (the guard's step count
+    moved since the last scan), or without an optimizer every ``check_every``-th call. ``ready()`` counts the
+    call and says whether the scan is due; ``fire()`` marks it done until the next step. Nothing runs per
+    step for it: a check that uses it needs no ``after_step``."""
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+        self.every = guard.check_every if guard.optimizer is None else 0
+        self.seen = 0
+        self.fired_at = -1  # the guard's step count at the last scan
+
+    def ready(self) -> bool:
+        if self.guard.step != self.fired_at:
+            return True
+        if not self.every:
+            return False
+        self.seen += 1
+        return self.seen % self.every == 0
+
+    def fire(self) -> None:
+        self.fired_at = self.guard.step
