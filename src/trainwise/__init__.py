@@ -27,6 +27,7 @@ _EXPORTS = {
     "ExportReport": "trainwise.exporting",
     "FitResult": "trainwise.results",
     "GradientAccumulator": "trainwise.accumulation",
+    "TrainStep": "trainwise.step",
     "Guard": "trainwise.guards.core",
     "GuardError": "trainwise.guards.core",
     "GuardFinding": "trainwise.guards.core",
@@ -146,6 +147,7 @@ __all__ = [
     "ShardedBatchSampler",
     "StepBoundaryInterrupt",
     "TensorBoardLogger",
+    "TrainStep",
     "Trainer",
     "TrainerConfig",
     "TrainingState",
@@ -298,6 +300,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
         seeded_sampling,
         set_rng_state,
     )
+    from trainwise.step import TrainStep
     from trainwise.tracking import Logger, MLflowLogger, TensorBoardLogger
     from trainwise.trainer import Trainer
     from trainwise.wrappers import unwrap_model, unwrap_optimizer

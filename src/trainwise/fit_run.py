@@ -13,7 +13,6 @@ from typing import Any, Literal
 import torch
 
 from trainwise.accumulation import GradientAccumulator
-from trainwise.batches import MicroBatch
 from trainwise.callbacks import CallbackList
 from trainwise.checkpoint.loader import ResumableLoader
 from trainwise.checkpoint.manager import CheckpointManager
@@ -28,9 +27,10 @@ from trainwise.guards.core import Guard, GuardFinding
 from trainwise.guards.loss import NonFiniteLossGuard
 from trainwise.guards.registry import all_check_classes
 from trainwise.interrupts import StepBoundaryInterrupt
-from trainwise.metrics import Mean, MetricSet
+from trainwise.metrics import MetricSet
 from trainwise.oom import AdaptiveMicroBatches
 from trainwise.progress import PlainProgress
+from trainwise.step import TrainStep
 from trainwise.tracking import TrackedLog
 
 
@@ -61,10 +61,9 @@ class Run:
     guard: NonFiniteLossGuard
     stream: StreamCheck
     started: float
-    forward: Callable[[Any, Any], MicroBatch]  # forward_micro_batch(model, batch) with the run's conventions
     fsdp: bool = False
     agree_on_last: bool = False
-    window_loss: Mean | None = None  # nonfinite="skip": the current window's loss, added once its step is taken
+    step: TrainStep | None = None  # micro-batches in, optimizer steps out (built once any resume is read)
     run_dir: Path = Path(".")
     log: Any = None  # RunLog, or NullRunLog off rank 0
     progress: PlainProgress | None = None  # type: ignore[assignment]

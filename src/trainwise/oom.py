@@ -120,6 +120,7 @@ class AdaptiveMicroBatches:
         self.distributed = distributed
         self.model = model  # under DDP: the wrapped model, whose no_sync() every micro-batch runs in
         self.on_shrink = on_shrink  # called with (old size, new size) once per halving
+        self.halvings: list[tuple[int, int]] = []  # every (old size, new size), for the caller to report
         self.step = 0  # the caller's optimizer step count, for the message at micro-batch 1
 
     def parts(self, total: int) -> int:
@@ -148,6 +149,7 @@ class AdaptiveMicroBatches:
                     "sequence tokens per sample."
                 )
             old, self.size = self.size, max(1, self.size // 2)
+            self.halvings.append((old, self.size))
             if self.on_shrink is not None:
                 self.on_shrink(old, self.size)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -17,7 +16,7 @@ import torch
 
 from trainwise._version import __version__
 from trainwise.accumulation import GradientAccumulator
-from trainwise.batches import MicroBatch, forward_micro_batch, wants_accuracy
+from trainwise.batches import MicroBatch, forward_micro_batch
 from trainwise.batches import split_batch as default_split_batch
 from trainwise.callbacks import CallbackList, TrainingState
 from trainwise.checkpoint.compat import FACTS_KEY, run_facts
@@ -59,7 +58,7 @@ from trainwise.fit_run import (
 from trainwise.freezing import pin_frozen_norm_layers, unfreeze_into
 from trainwise.guards.loss import NonFiniteLossGuard, check_finite_everywhere
 from trainwise.interrupts import Preempted, StepBoundaryInterrupt
-from trainwise.metrics import Mean, MetricSet
+from trainwise.metrics import MetricSet
 from trainwise.oom import AdaptiveMicroBatches, check_auto_loader
 from trainwise.optimizers import OptimizerArg, build_optimizer, build_scheduler
 from trainwise.plots import PLOT_HINT, plot_learning_curves, write_learning_curves_svg
@@ -68,6 +67,7 @@ from trainwise.results import FitResult
 from trainwise.run_folder import BEST_WEIGHTS, CURVES_PNG, CURVES_SVG, RunFolder
 from trainwise.runlog import RunLock, open_run
 from trainwise.seeding import determinism_restored, seed_everything
+from trainwise.step import TrainStep
 from trainwise.tracking import TrackedLog, open_loggers, split_loggers
 
 
@@ -248,15 +248,12 @@ class Trainer:
             optimizer=optimizer, scheduler=scheduler, plateau=plateau, accumulator=accumulator,
             train_loader=train_loader, val_loader=val_loader, precision=precision, device=device,
             metrics=MetricSet(device), started=started, fsdp=sharded,
-            forward=self._forward_function(precision, device),
             guard=NonFiniteLossGuard(device, model=model if cfg.nonfinite == "stop" else None),
-            window_loss=Mean(device) if cfg.nonfinite == "skip" else None,
             stream=StreamCheck(train_loader),
             agree_on_last=self._dist.enabled and length(train_loader) is None,
         )
         if auto:
-            run.micro = AdaptiveMicroBatches(cfg.effective_batch, distributed=self._dist.enabled, model=forward_model,
-                                             on_shrink=lambda old, new: self._shrunk(run, old, new))
+            run.micro = AdaptiveMicroBatches(cfg.effective_batch, distributed=self._dist.enabled, model=forward_model)
         run.facts = run_facts(model=model, optimizer=optimizer, scheduler=scheduler, loader=train_loader,
                               window=accumulator.steps, precision=precision.name, world_size=self._dist.world_size,
                               loss_fn=self.loss_fn)
@@ -272,19 +269,24 @@ class Trainer:
         resume_run(run, self.config, is_main=self._dist.is_main)
         if run.micro is not None and run.loop.get("micro_batch"):  # a resume starts at the size that fitted
             run.micro.size = int(run.loop["micro_batch"])
+        run.step = TrainStep(run.forward_model, run.accumulator, self._forward_function(precision, device),
+                             run.metrics, accuracy=cfg.accuracy, ignore_index=cfg.ignore_index,
+                             skip_nonfinite=cfg.nonfinite == "skip", stream=run.stream, splitter=run.micro,
+                             loss_guard=run.guard if cfg.nonfinite == "stop" else None, decided=run.loop)
         install_guards(run, self.config)
         self._open_trackers(run)
         return run
 
-    def _shrunk(self, run: Run, old: int, new: int) -> None:
+    def _report_halvings(self, run: Run) -> None:
         """batch_size='auto' ran out of memory: say so once per halving; checkpoints keep the new size."""
-        step, windows = run.accumulator.optimizer_steps + 1, run.micro.parts(self.config.effective_batch)
-        message = (f"OOM at micro-batch {old} in step {step}: continuing with {new} x {windows}, effective batch "
-                   f"{self.config.effective_batch} unchanged.")
-        run.loop["micro_batch"] = new
-        run.progress.message(message)
-        run.log.write({"kind": "oom", "step": step, "micro_batch_before": old, "micro_batch": new,
-                       "micro_batches": windows, "message": message})
+        for old, new in run.step.take_halvings():
+            step, windows = run.micro.step + 1, -(-self.config.effective_batch // new)  # the window's step
+            message = (f"OOM at micro-batch {old} in step {step}: continuing with {new} x {windows}, effective "
+                       f"batch {self.config.effective_batch} unchanged.")
+            run.loop["micro_batch"] = new
+            run.progress.message(message)
+            run.log.write({"kind": "oom", "step": step, "micro_batch_before": old, "micro_batch": new,
+                           "micro_batches": windows, "message": message})
 
     def _open_trackers(self, run: Run) -> None:
         """The loggers beside metrics.jsonl (rank 0 only), and the callbacks with their view of the run."""
@@ -511,12 +513,9 @@ class Trainer:
         for batch, last_batch in loader.with_last():  # the last batch is known without len()
             if run.agree_on_last:  # DDP on data without len(): every rank must end on the same batch
                 same_last_batch(last_batch, loader.batches_done, device=run.device)
-            if run.micro is None:
-                last = run.accumulator.ends_window(last=last_batch)
-                self._train_micro_batch(run, batch, last)
-            else:
-                last = self._train_window(run, batch)
-            if last:
+            if run.step.add(batch, last=last_batch):  # the batch ended a window: the optimizer stepped
+                if run.micro is not None:
+                    self._report_halvings(run)
                 self._after_window(run, epoch)
                 if run.callbacks.step_end:
                     self._fire(run, "on_step_end")
@@ -541,52 +540,6 @@ class Trainer:
         if self.config.nonfinite == "stop":
             check_finite_everywhere(run.guard, run.accumulator.optimizer_steps)
         return global_metric_values(run.metrics)  # sums over every process (one all-reduce)
-
-    def _train_micro_batch(self, run: Run, batch: Any, last: bool, *, step: bool = True) -> None:
-        """Forward and backward one micro-batch (the gradient sync only on a window's last), count it, and
-        step the optimizer at the end of its window."""
-        accumulator = run.accumulator
-        with accumulator.sync_context(run.forward_model, last=last):
-            micro = run.forward(run.forward_model, batch)
-            if run.stream.limit is not None:  # a worker-loaded stream with a length: its samples counted
-                run.stream.add(micro.targets)
-            if micro.loss is None:  # no counted item (every token ignored): no gradient, no loss value
-                accumulator.backward_empty(micro.outputs)
-            else:
-                accumulator.backward(micro.loss, count=micro.count, reduction=micro.reduction)
-        loss = None if micro.loss is None else micro.loss.detach()  # detached once for the metric and the guard
-        # with nonfinite="skip" a window's losses count only once its step is taken
-        (run.window_loss or run.metrics.mean("loss")).update_loss(loss, micro.count, micro.reduction)
-        self._update_accuracy(run.metrics, micro, run.loop, window=accumulator.steps)
-        if self.config.nonfinite == "stop" and loss is not None:
-            run.guard.observe(loss, accumulator.optimizer_steps + 1)
-        if last and step:
-            self._step(run)
-
-    def _step(self, run: Run) -> None:
-        stepped = run.accumulator.step()
-        if run.window_loss is not None:  # nonfinite="skip": a skipped step's losses are not averaged in
-            if stepped:
-                run.metrics.mean("loss").update_sum(*run.window_loss.fold())
-            run.window_loss.reset()
-
-    def _train_window(self, run: Run, batch: Any) -> bool:
-        """batch_size='auto': one batch of effective_batch samples in micro-batches of the size that fits; out
-        of memory, the window is redone from its start at half the size (its updates undone first)."""
-        metrics, seen = run.metrics.snapshot(), run.stream.seen
-        pending = None if run.window_loss is None else run.window_loss.snapshot()
-
-        def discard() -> None:
-            run.accumulator.discard_window()
-            run.metrics.restore(metrics)
-            run.stream.seen = seen
-            if pending is not None:
-                run.window_loss.restore(pending)
-
-        run.micro.step = run.accumulator.optimizer_steps
-        run.micro.run(batch, lambda part, last: self._train_micro_batch(run, part, last, step=False), discard=discard)
-        self._step(run)
-        return True
 
     def _after_window(self, run: Run, epoch: int) -> None:
         """After each window: log every ``log_every`` windows, checkpoint every ``checkpoint_every``."""
@@ -661,20 +614,6 @@ class Trainer:
             forward_micro_batch, device=device, split=self.split_batch, loss_fn=self.loss_fn, count=cfg.count,
             ignore_index=cfg.ignore_index, reduction=cfg.loss_reduction, autocast=precision.autocast,
         )
-
-    def _update_accuracy(self, metrics: MetricSet, micro: MicroBatch, decided: dict[str, Any], *, window: int) -> None:
-        """Count correct predictions once the first batch has shown that outputs are class logits."""
-        cfg = self.config
-        if decided["accuracy"] is None:
-            decided["accuracy"] = wants_accuracy(cfg.accuracy, micro)
-            if micro.targets is None and window > 1:
-                warnings.warn(
-                    f"the loss has no target and each step accumulates {window} micro-batches, so a loss that "
-                    "compares samples within a batch (in-batch negatives, contrastive losses) sees each "
-                    "micro-batch alone; raise batch_size and lower the accumulation if it needs the whole batch.",
-                    UserWarning, stacklevel=2)
-        if decided["accuracy"]:
-            metrics.accuracy("accuracy", ignore_index=cfg.ignore_index).update(micro.outputs, micro.targets)
 
     def validate(
         self,

@@ -1,0 +1,148 @@
+"""TrainStep, the step as a primitive: a hand-written loop that hands each batch to it ends bitwise where the same
+loop written with the accumulator's calls ends, and where the Trainer ends; with skip_nonfinite a window whose
+step is skipped adds nothing to the loss average; with a splitter each batch is a window, redone after an
+out-of-memory error with no sample counted twice."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import trainwise as tw
+from trainwise.oom import AdaptiveMicroBatches
+
+
+def _data(n: int = 40) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 6, generator=g)
+    return TensorDataset(x, (x[:, 0] + x[:, 1] > 0).long())
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
+
+
+FORWARD = functools.partial(tw.forward_micro_batch, device=torch.device("cpu"))
+
+
+def _explicit(model, loader, accumulator, metrics):
+    """The loop body of examples/hand_written_loop.py."""
+    for batch, last_batch in tw.mark_last(loader):
+        last = accumulator.ends_window(last=last_batch)
+        with accumulator.sync_context(model, last=last):
+            micro = FORWARD(model, batch)
+            accumulator.backward(micro.loss, count=micro.count, reduction=micro.reduction)
+        metrics.mean("loss").update_loss(micro.loss.detach(), micro.count, micro.reduction)
+        metrics.accuracy("accuracy").update(micro.outputs, micro.targets)
+        if last:
+            accumulator.step()
+
+
+def _with_step(model, loader, accumulator, metrics, **options):
+    step = tw.TrainStep(model, accumulator, FORWARD, metrics, **options)
+    windows = sum(step.add(batch, last=last) for batch, last in tw.mark_last(loader))
+    return step, windows
+
+
+def test_a_loop_with_trainstep_ends_where_the_explicit_loop_ends():
+    loader = DataLoader(_data(), batch_size=6)  # 7 batches, windows of 3: the last window is short
+    results = []
+    for run in (_explicit, _with_step):
+        model = _model()
+        accumulator = tw.GradientAccumulator(torch.optim.SGD(model.parameters(), lr=0.1), steps=3)
+        metrics = tw.MetricSet(torch.device("cpu"))
+        out = run(model, loader, accumulator, metrics)
+        results.append((model.state_dict(), metrics.compute(), accumulator.optimizer_steps, out))
+    (a, values_a, steps_a, _), (b, values_b, steps_b, (_, windows)) = results
+    assert steps_a == steps_b == windows == 3
+    assert values_a == values_b
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_trainstep_ends_where_the_trainer_ends(tmp_path):
+    data = _data()
+    result = tw.Trainer(epochs=1, batch_size=6, accumulation_steps=3, device="cpu", precision="fp32", seed=0,
+                        progress="off", plot=False, diagnose=False, guards="off", run_dir=str(tmp_path / "run"),
+                        optimizer=lambda params: torch.optim.SGD(params, lr=0.1)).fit(_model, data)
+    tw.seed_everything(0)
+    model = _model()
+    tw.seed_everything(0)  # as fit does after building the model
+    loader = tw.training_loader(data, batch_size=6, seed=0, device=torch.device("cpu"), epochs=1)
+    accumulator = tw.GradientAccumulator(torch.optim.SGD(model.parameters(), lr=0.1), steps=3)
+    tw.set_sampler_epoch(loader, 1)
+    metrics = tw.MetricSet(torch.device("cpu"))
+    model.train()
+    step = tw.TrainStep(model, accumulator, FORWARD, metrics)
+    for batch, last in loader.with_last():
+        step.add(batch, last=last)
+    assert accumulator.optimizer_steps == result.steps == 3
+    assert metrics.compute()["loss"] == pytest.approx(result.history[-1]["train_loss"], rel=0, abs=0)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, result.model.state_dict()[key]), key
+
+
+class NaNOnce(nn.Module):
+    """Returns NaN logits on its second forward: the second window's step must be skipped."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner, self.calls = _model(), 0
+
+    def forward(self, x):
+        self.calls += 1
+        out = self.inner(x)
+        return out * math.nan if self.calls == 2 else out
+
+
+def test_skip_nonfinite_leaves_a_skipped_windows_loss_out_of_the_average():
+    loader = DataLoader(_data(24), batch_size=8)  # 3 windows of one batch
+    model = NaNOnce()
+    accumulator = tw.GradientAccumulator(torch.optim.SGD(model.parameters(), lr=0.1), skip_nonfinite=True)
+    metrics = tw.MetricSet(torch.device("cpu"))
+    losses = []
+    step = tw.TrainStep(model, accumulator, FORWARD, metrics, skip_nonfinite=True, accuracy="off")
+    for batch, last in tw.mark_last(loader):
+        x, y = batch
+        with torch.no_grad():
+            losses.append(nn.functional.cross_entropy(model.inner(x), y))  # before the step changes the weights
+        step.add(batch, last=last)
+    assert accumulator.optimizer_steps == 2 and accumulator.skipped_steps == 1
+    assert metrics.compute()["loss"] == pytest.approx(float((losses[0] + losses[2]) / 2), rel=1e-6)
+
+
+class OutOfMemoryAbove(nn.Module):
+    """Raises torch.OutOfMemoryError for any batch of more than ``limit`` rows."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.inner, self.limit = _model(), limit
+
+    def forward(self, x):
+        if x.shape[0] > self.limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return self.inner(x)
+
+
+def test_a_splitter_redoes_the_window_at_the_size_that_fits_and_counts_each_sample_once():
+    loader = DataLoader(_data(32), batch_size=16)  # two windows of 16
+    model = OutOfMemoryAbove(4)
+    accumulator = tw.GradientAccumulator(torch.optim.SGD(model.parameters(), lr=0.1))
+    metrics = tw.MetricSet(torch.device("cpu"))
+    step, windows = _with_step(model, loader, accumulator, metrics, splitter=AdaptiveMicroBatches(16))
+    assert windows == 2 and accumulator.optimizer_steps == 2
+    assert step.take_halvings() == [(16, 8), (8, 4)] and step.take_halvings() == []
+    reference = OutOfMemoryAbove(32)
+    ref_accumulator = tw.GradientAccumulator(torch.optim.SGD(reference.parameters(), lr=0.1))
+    ref_metrics = tw.MetricSet(torch.device("cpu"))
+    _with_step(reference, loader, ref_accumulator, ref_metrics)  # whole batches: the same two steps
+    count = metrics.mean("loss").fold()[1]
+    assert count == ref_metrics.mean("loss").fold()[1] == 32  # no sample counted twice
+    for key, value in model.inner.state_dict().items():
+        assert torch.allclose(value, reference.inner.state_dict()[key], atol=1e-6), key
