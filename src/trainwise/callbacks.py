@@ -59,43 +59,44 @@ class TrainingState:
     the epoch's record after it), so reading them never waits for the device.
     """
 
-    def __init__(self, run: Any, epochs: int) -> None:
-        self._run = run
+    def __init__(self, fit: Any, epochs: int) -> None:
+        self.fit = fit  # the Trainer's view of the run, for the built-in policies (trainwise.policies)
         self.epochs = epochs  # the epochs fit was asked for
         self.status: str | None = None  # at on_fit_end: finished, stopped_early, interrupted, preempted or failed
         self.stop_reason: str | None = None
+        self.stop_message: str | None = None  # the sentence the run prints when it stops for stop_reason
         self._logged: dict[str, float] = {}
 
     @property
     def epoch(self) -> int:
         """The current epoch, counted from 1 (at ``on_fit_end``, the last one trained)."""
-        return int(self._run.epoch or self._run.loop["epoch"])
+        return int(self.fit.epoch or self.fit.counters.epoch)
 
     @property
     def step(self) -> int:
         """Optimizer steps taken so far."""
-        return int(self._run.accumulator.optimizer_steps)
+        return int(self.fit.state.accumulator.optimizer_steps)
 
     @property
     def metrics(self) -> Mapping[str, float]:
-        return types.MappingProxyType(dict(self._run.latest))
+        return types.MappingProxyType(dict(self.fit.latest))
 
     @property
     def history(self) -> tuple[Mapping[str, float], ...]:
         """One record per finished epoch, as ``FitResult.history`` will hold them."""
-        return tuple(types.MappingProxyType(dict(r)) for r in self._run.loop["history"])
+        return tuple(types.MappingProxyType(dict(r)) for r in self.fit.counters.history)
 
     @property
     def model(self) -> Any:
-        return self._run.model
+        return self.fit.state.model
 
     @property
     def optimizer(self) -> Any:
-        return self._run.optimizer
+        return self.fit.state.optimizer
 
     @property
     def run_dir(self) -> Path:
-        return Path(self._run.run_dir)
+        return Path(self.fit.folder.run_dir)
 
     def log(self, name: str, value: Any) -> None:
         """Log a metric at the current step: in ``metrics.jsonl``, every tracker, and, from
@@ -109,10 +110,12 @@ class TrainingState:
                                  f"{type(value).__name__}.") from None
         self._logged[name] = number
 
-    def request_stop(self, reason: str = "a callback asked to stop") -> None:
+    def request_stop(self, reason: str = "a callback asked to stop", *, message: str | None = None) -> None:
         """End the run after the current epoch (its validation, record and checkpoint included); under
-        torchrun the request of rank 0 decides for every process."""
+        torchrun the request of rank 0 decides for every process. The run then says ``message``, by default
+        "stopped after epoch N: <reason>."."""
         self.stop_reason = str(reason)
+        self.stop_message = message if message is not None else f"stopped after epoch {self.epoch}: {reason}."
 
     def take_logged(self) -> dict[str, float]:
         logged, self._logged = self._logged, {}
@@ -120,30 +123,69 @@ class TrainingState:
 
 
 class CallbackList:
-    """The run's callbacks, by event; each event calls only the callbacks that define it."""
+    """The run's callbacks, by event; each event calls only the callbacks that define it. ``policies`` are
+    the Trainer's built-in ones (:mod:`trainwise.policies`), called before or after the user's by their ``order``."""
 
-    def __init__(self, callbacks: Iterable[Any], state: TrainingState) -> None:
+    def __init__(self, callbacks: Iterable[Any], state: TrainingState, *, policies: Iterable[Any] = ()) -> None:
         callbacks = list(_as_list(callbacks))
         self.state = state
-        self.handlers: dict[str, list[Any]] = {event: [] for event in EVENTS}
+        self.handlers: dict[str, list[Any]] = {event: [] for event in EVENTS}  # the user's
         for callback in callbacks:
             _check_callback(callback)
             for event in EVENTS:
                 method = getattr(callback, event, None)
                 if callable(method) and getattr(type(callback), event, None) is not getattr(Callback, event):
                     self.handlers[event].append(method)
-        self.step_end = bool(self.handlers["on_step_end"])  # checked once per step by the Trainer
-        # what the handlers run inside: the Trainer's guards watch every forward a callback runs
+        self.step_end = bool(self.handlers["on_step_end"])  # the user's: whether a step has any to call
+        self.before: dict[str, list[Any]] = {event: [] for event in EVENTS}
+        self.after: dict[str, list[Any]] = {event: [] for event in EVENTS}
+        for policy in policies:
+            for event in EVENTS:
+                method = getattr(policy, event, None)
+                if callable(method):
+                    (self.after if policy.order == "after" else self.before)[event].append(method)
+        # what the user's handlers run inside: the Trainer's guards watch every forward a callback runs
         self.context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
-    def fire(self, event: str) -> dict[str, float]:
-        """Call ``event`` on each callback that defines it; returns the metrics they logged."""
+    def fire(self, event: str, *, users: bool = True) -> dict[str, float]:
+        """Call ``event`` on the policies and the callbacks that define it (only the policies when ``users`` is
+        False); returns the metrics the callbacks logged."""
+        state = self.state
+        for handler in self.before[event]:
+            handler(state)
         handlers = self.handlers[event]
-        if handlers:
+        if handlers and users:
             with self.context():
                 for handler in handlers:
+                    handler(state)
+        for handler in self.after[event]:
+            handler(state)
+        return state.take_logged() if state._logged else {}
+
+    def fire_naming(self, event: str) -> None:
+        """:meth:`fire` whose error names the callback that raised it (``trainwise_callback`` on the exception:
+        ``"MyCallback.on_fit_end"``); nothing is logged after it."""
+        with self.context():
+            for handler in [*self.before[event], *self.handlers[event], *self.after[event]]:
+                try:
                     handler(self.state)
-        return self.state.take_logged()
+                except BaseException as exc:
+                    owner = getattr(handler, "__self__", None)
+                    name = (f"{type(owner).__name__}.{event}" if owner is not None
+                            else getattr(handler, "__qualname__", "a callback"))
+                    with contextlib.suppress(AttributeError, TypeError):  # an exception that takes no attribute
+                        exc.trainwise_callback = name  # type: ignore[attr-defined]
+                    raise
+        self.state.take_logged()
+
+
+def callback_metrics(logged: dict[str, float], record: dict[str, float]) -> dict[str, float]:
+    """Metrics logged at ``on_validation_end`` join the epoch's record; a name the record has is refused."""
+    for name in logged:
+        if name in record:
+            raise TrainwiseError(f"a callback logged {name}, which the Trainer already logs this epoch; give your "
+                                 "metric another name.")
+    return logged
 
 
 def _as_list(callbacks: Any) -> Iterable[Any]:

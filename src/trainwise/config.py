@@ -142,14 +142,15 @@ def max_workers() -> int:
 _MAX_TIMEOUT = 86_400.0 * 999_999_999  # datetime.timedelta's largest, which torch.distributed takes
 
 
-def unknown_option(values: dict[str, Any], *, where: str = "Trainer option") -> None:
+def unknown_option(values: dict[str, Any], *, where: str = "Trainer option",
+                   error: type[TrainwiseError] = TrainwiseError) -> None:
     """Reject names that are not options, suggesting the closest valid one."""
     names = TrainerConfig.option_names()
     for key in values:
         if key not in names:
             close = difflib.get_close_matches(key, names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid options: {', '.join(names)}."
-            raise TrainwiseError(f"unknown {where} {show(key, 100)}{hint}")
+            raise error(f"unknown {where} {show(key, 100)}{hint}")
 
 
 def _check_type(name: str, value: Any, hint: Any) -> Any:

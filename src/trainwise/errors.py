@@ -13,6 +13,11 @@ class TrainwiseError(ValueError):
     """A user mistake (bad input, bad configuration). The CLI prints it without a traceback and exits 2."""
 
 
+class UnknownOptionError(TrainwiseError, TypeError):
+    """An option name that does not exist (``Trainer(epocs=3)``): a ``TypeError``, as Python's own unexpected
+    keyword is, whose sentence names the closest option."""
+
+
 class NonFiniteLossError(TrainwiseError):
     """The training loss became NaN or infinite; carries the global step where it first happened."""
 

@@ -120,7 +120,7 @@ class RunFolder:
         return self.file(CONFIG)
 
     @property
-    def log(self) -> Path:
+    def log_path(self) -> Path:
         return self.run_dir / LOG  # opened with O_NOFOLLOW and checked by RunLog itself
 
     @property
@@ -145,6 +145,31 @@ class RunFolder:
 
     def has_config(self) -> bool:
         return os.path.lexists(self.run_dir / CONFIG)
+
+    # -- what a run says: the progress line, the log record and the trackers together ------------------------
+
+    log: Any = None  # the run's log (RunLog, NullRunLog off rank 0, or TrackedLog with trackers): see attach
+    progress: Any = None  # the progress display (lines, a bar, or off)
+
+    def attach(self, *, log: Any, progress: Any) -> RunFolder:
+        """The run's log (records, and the trackers behind it) and progress display: where :meth:`announce` goes."""
+        self.log, self.progress = log, progress
+        return self
+
+    def announce(self, kind: str, text: str | None = None, **fields: Any) -> None:
+        """One event of the run: ``text`` printed on the progress display (when given), and the record
+        ``{"kind": kind, **fields}`` written to ``metrics.jsonl`` and the trackers."""
+        if text is not None:
+            self.progress.message(text)
+        self.log.write({"kind": kind, **fields})
+
+    def record(self, record: dict[str, Any]) -> None:
+        """A record for ``metrics.jsonl`` (and the trackers' metrics) that prints nothing."""
+        self.log.write(record)
+
+    def say(self, text: str) -> None:
+        """A line on the progress display only (what config.json or the error already records)."""
+        self.progress.message(text)
 
 
 def open_regular(path: Path, flags: int, what: str, *, mode: int = 0o644) -> int:

@@ -34,9 +34,9 @@ class TrainStep:
     ``forward(model, batch)`` returns a :class:`~trainwise.batches.MicroBatch` (a bound
     :func:`~trainwise.batches.forward_micro_batch`); ``model`` is the module the loop calls (DDP-wrapped or
     compiled). ``loss_guard`` (a :class:`~trainwise.guards.loss.NonFiniteLossGuard`) sees every loss;
-    ``stream`` (a :class:`~trainwise.data.StreamCheck`) counts a worker-loaded stream's samples. ``decided``
-    holds ``"accuracy"``: None until the first batch shows whether outputs are class logits (a checkpoint saves
-    it with the loop's other plain values).
+    ``stream`` (a :class:`~trainwise.data.StreamCheck`) counts a worker-loaded stream's samples. ``counts_accuracy``:
+    whether accuracy is counted, None until the first batch shows whether outputs are class logits (a resumed
+    run passes what its checkpoint recorded).
     """
 
     def __init__(
@@ -52,7 +52,7 @@ class TrainStep:
         loss_guard: Any = None,
         stream: Any = None,
         splitter: AdaptiveMicroBatches | None = None,
-        decided: dict[str, Any] | None = None,
+        counts_accuracy: bool | None = None,
     ) -> None:
         self.model = model
         self.accumulator = accumulator
@@ -63,8 +63,7 @@ class TrainStep:
         self.loss_guard = loss_guard
         self.stream = stream
         self.splitter = splitter
-        self.decided = decided if decided is not None else {"accuracy": None}
-        self.decided.setdefault("accuracy", None)
+        self.counts_accuracy = counts_accuracy
         # with nonfinite="skip" a window's losses count only once its step is taken
         self.window_loss = Mean(metrics.device) if skip_nonfinite else None
 
@@ -138,9 +137,8 @@ class TrainStep:
 
     def _count_accuracy(self, micro: MicroBatch) -> None:
         """Count correct predictions once the first batch has shown that outputs are class logits."""
-        decided = self.decided
-        if decided["accuracy"] is None:
-            decided["accuracy"] = wants_accuracy(self.accuracy, micro)
+        if self.counts_accuracy is None:
+            self.counts_accuracy = wants_accuracy(self.accuracy, micro)
             window = self.accumulator.steps
             if micro.targets is None and window > 1:
                 warnings.warn(
@@ -148,7 +146,7 @@ class TrainStep:
                     "compares samples within a batch (in-batch negatives, contrastive losses) sees each "
                     "micro-batch alone; raise batch_size and lower the accumulation if it needs the whole batch.",
                     UserWarning, stacklevel=4)
-        if decided["accuracy"]:
+        if self.counts_accuracy:
             self.metrics.accuracy("accuracy", ignore_index=self.ignore_index).update(micro.outputs, micro.targets)
 
 

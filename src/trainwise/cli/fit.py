@@ -453,16 +453,19 @@ def train(config: FitConfig) -> dict[str, Any]:
         config = dataclasses.replace(config, trainer=config.trainer.replace(run_dir=str(default_run_dir())))
     model, train_data, val_data, trainer = build(config)
     run_dir = Path(config.trainer.run_dir or "")
-    # refused (or moved aside) before fit.json is written over another run's
-    prepare_run_folder(run_dir, resume=config.trainer.resume, overwrite=config.trainer.overwrite)
     from trainwise.run_folder import FIT, RunFolder
 
-    fit_json = RunFolder(run_dir).file(FIT)  # a symlink, FIFO or directory there: refused, never written through
-    if not config.trainer.resume:
-        atomic_write_json(fit_json, config.to_dict())
-    elif not fit_json.exists():  # a resume keeps the run's own record; one without any writes it once the
-        # Trainer has compared the run it continues (a refused resume leaves the folder as it was)
-        trainer.callbacks.append(_WriteOnStart(fit_json, config.to_dict()))
+    # under torchrun process 0 alone prepares the folder (the others would hold its lock while process 0 takes
+    # it); the Trainer then makes every process agree on it
+    if os.environ.get("RANK", "0") == "0":
+        # refused (or moved aside) before fit.json is written over another run's
+        prepare_run_folder(run_dir, resume=config.trainer.resume, overwrite=config.trainer.overwrite)
+        fit_json = RunFolder(run_dir).file(FIT)  # a symlink, FIFO or directory there: refused, never written through
+        if not config.trainer.resume:
+            atomic_write_json(fit_json, config.to_dict())
+        elif not fit_json.exists():  # a resume keeps the run's own record; one without any writes it once the
+            # Trainer has compared the run it continues (a refused resume leaves the folder as it was)
+            trainer.callbacks.append(_WriteOnStart(fit_json, config.to_dict()))
     try:
         result = trainer.fit(model, train_data, val_data)
     except KeyboardInterrupt as exc:  # Ctrl-C: the Trainer saved the log and a checkpoint, and says what it did
