@@ -9,10 +9,12 @@ records (see :mod:`trainwise.checkpoint.manager`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +172,26 @@ class RunFolder:
     def say(self, text: str) -> None:
         """A line on the progress display only (what config.json or the error already records)."""
         self.progress.message(text)
+
+    def finish(self, status: str, record: dict[str, Any], *, artifacts: list[Path],
+               final_weights: Callable[[Path], Path] | None = None) -> None:
+        """The run's end record (a full disk is not raised over the run's own error), then the trackers' end
+        state with ``artifacts`` and the final weights, which ``final_weights(path)`` writes when given."""
+        with contextlib.suppress(TrainwiseError):
+            self.log.write(record)
+        if getattr(self.log, "trackers", None):
+            if final_weights is not None:
+                artifacts = [*artifacts, final_weights(self.file(FINAL_WEIGHTS))]
+            self.log.finish(status, artifacts)
+
+    def close(self) -> None:
+        """Close the progress display and the log (the records written so far are on disk)."""
+        try:
+            if self.progress is not None:
+                self.progress.close()
+        finally:
+            if self.log is not None:
+                self.log.close()
 
 
 def open_regular(path: Path, flags: int, what: str, *, mode: int = 0o644) -> int:

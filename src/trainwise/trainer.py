@@ -10,10 +10,9 @@ file of the run and what it says, :class:`~trainwise.run_folder.RunFolder`; the 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import inspect
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -57,7 +56,7 @@ from trainwise.policies import (
 )
 from trainwise.progress import make_progress, plural
 from trainwise.results import FitResult
-from trainwise.run_folder import BEST_WEIGHTS, CURVES_PNG, CURVES_SVG, FINAL_WEIGHTS, RunFolder
+from trainwise.run_folder import BEST_WEIGHTS, CURVES_PNG, CURVES_SVG, RunFolder
 from trainwise.runlog import RunLock, open_run
 from trainwise.seeding import determinism_restored, seed_everything
 from trainwise.step import TrainStep
@@ -578,12 +577,9 @@ class Trainer:
                 record.update(status=status, callback=getattr(exc, "trainwise_callback", "a callback"))
         if error is not None:
             record["error"] = f"{type(error).__name__}: {error}"[:500]
-        with contextlib.suppress(TrainwiseError):  # a full disk: the run's error says so already
-            fit.folder.record(record)
-        if isinstance(fit.folder.log, TrackedLog) and fit.folder.log.trackers:
-            if status != "failed" and not fit.strategy.sharded:  # FSDP's weights are sharded over processes
-                artifacts = [*artifacts, save_weights(fit.state.model, fit.folder.file(FINAL_WEIGHTS))]
-            fit.folder.log.finish(status, artifacts)
+        final = status != "failed" and not fit.strategy.sharded  # FSDP's weights are sharded over processes
+        fit.folder.finish(status, record, artifacts=artifacts,
+                          final_weights=functools.partial(save_weights, fit.state.model) if final else None)
         if raised is not None:
             raise raised
 
@@ -592,8 +588,6 @@ class Trainer:
         another error propagates (``failing``), a failed checkpoint write is reported, not raised over it."""
         if failing and not fit.ended:
             try:
-                import sys
-
                 self._end(fit, "failed", artifacts=[], error=sys.exc_info()[1])
             except Exception as exc:  # the error already propagating is the one to see
                 fit.folder.say(f"on_fit_end failed too: {type(exc).__name__}: {exc}")
@@ -608,8 +602,7 @@ class Trainer:
                 if fit.guard_hooks is not None:
                     fit.guard_hooks.close(check=check)
         finally:
-            fit.folder.progress.close()
-            fit.folder.log.close()
+            fit.folder.close()
 
     @staticmethod
     def _latest_checkpoint(fit: Fit) -> str | None:
@@ -644,16 +637,5 @@ class Trainer:
         )
 
 
-def _signature() -> inspect.Signature:
-    """``Trainer(...)``'s signature as help() and editors show it: the objects, then every TrainerConfig option
-    with its default (the options are declared once, in TrainerConfig)."""
-    objects = [p for p in inspect.signature(Trainer.__init__).parameters.values() if p.kind is p.KEYWORD_ONLY]
-    defaults = TrainerConfig()
-    options = [inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, field.name),
-                                 annotation=field.type)
-               for field in dataclasses.fields(TrainerConfig) if field.name != "loggers"]
-    return inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *options,
-                              *objects], return_annotation=None)
 
-
-Trainer.__init__.__signature__ = _signature()  # type: ignore[attr-defined]
+Trainer.__init__.__signature__ = TrainerConfig.signature(Trainer.__init__)  # type: ignore[attr-defined]
