@@ -140,3 +140,20 @@ def test_fsdp_shards_train_like_one_process_and_convert_to_one_file(single: dict
     load_weights(plain, str(tmp_path / "model.pt"), strict=True)
     _same_weights(plain.state_dict(), single["weights"])
     assert state.keys() == single["weights"].keys()
+
+
+def test_fsdp_refuses_a_symlinked_shard_folder_without_writing_through_it(tmp_path: Path) -> None:
+    """Every process writes its shards into checkpoints/sharded-stepN: a symlink planted there (to a folder of
+    someone else's) is refused on every process in one sentence; nothing lands in the folder it points to."""
+    run, victim = tmp_path / "run", tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("mine")
+    _torchrun(str(tmp_path / "one.pt"), str(run), "--mode", "fsdp", "--epochs", "1")  # steps 1-2
+    (run / "checkpoints" / "sharded-step000000004").symlink_to(victim)  # where epoch 2's shards would go
+    torchrun = Path(sys.executable).with_name("torchrun")
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(WORKER),
+                           str(tmp_path / "two.pt"), str(run), "--mode", "fsdp", "--epochs", "2", "--resume", "auto"],
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "sharded-step000000004 (a sharded checkpoint's folder) is a symlink" in done.stdout + done.stderr
+    assert sorted(p.name for p in victim.iterdir()) == ["keep.txt"]
