@@ -5,6 +5,7 @@ GradScaler backed off (skipping windows) where the usual recipe did not. The acc
 ``count / expected`` and divides by ``total / expected`` at the step: same magnitudes, same exact result.
 """
 
+import gc
 import os
 import socket
 
@@ -188,6 +189,11 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
             accumulator.step()
         if rank == 0:
             torch.save(optimizer.captured, out)
+        # the DDP wrapper and its reducer go before the process group, and neither process leaves the group while
+        # the other still talks to it: else a teardown SIGABRT ("terminate called without an active exception")
+        del model, optimizer, accumulator
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

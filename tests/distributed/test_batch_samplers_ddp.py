@@ -4,6 +4,8 @@ batches two at a time, and a run interrupted mid-epoch and resumed equals the un
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -45,6 +47,8 @@ def _worker(rank: int, port: int, out: str, run_dir: str) -> None:
         resumed, result = _fit(f"{run_dir}/cut", 1, resume="auto")
         torch.save({"full": full, "cut": cut.stopped, "resumed": weights(resumed), "resumed_seen": resumed.seen,
                     "resumed_steps": result.steps}, f"{out}-{rank}.pt")
+        gc.collect()  # any DDP reducer goes before the process group (a teardown SIGABRT)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

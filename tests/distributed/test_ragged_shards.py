@@ -9,6 +9,8 @@ The padding is a batch of zero rows (``shard_loader``'s default) or, in the Trai
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -85,6 +87,8 @@ def _worker(rank: int, port: int, out: str, run_dir: str) -> None:
             results[f"hand-samples-{name}"] = _record(model, hand_loop(model, batch, steps, distributed=True,
                                                                        padding="samples"))
         torch.save(results, f"{out}-{rank}.pt")
+        gc.collect()  # any DDP reducer goes before the process group (a teardown SIGABRT)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

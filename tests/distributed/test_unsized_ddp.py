@@ -58,6 +58,9 @@ def _worker(rank: int, port: int, folder: str) -> None:
         trainer = _trainer(os.path.join(folder, "run"), steps=2)
         trainer.fit(model, iter_batches(_Unsized(_batches(rank))))
         torch.save(model.state_dict(), os.path.join(folder, f"rank{rank}.pt"))
+        del trainer
+        gc.collect()  # the DDP wrapper and its reducer go before the process group (a teardown SIGABRT)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

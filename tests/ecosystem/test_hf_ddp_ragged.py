@@ -9,6 +9,7 @@ samples trained with weight 0. Both runs must finish, and the weights, the train
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,8 @@ def _worker(rank: int, port: int, out: str, run_dir: str) -> None:
     try:
         results = {drop: _fit(f"{run_dir}/drop-{drop}", batch_size=BATCH, drop_last=drop) for drop in (False, True)}
         torch.save(results, f"{out}-{rank}.pt")
+        gc.collect()  # any DDP reducer goes before the process group (a teardown SIGABRT)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
