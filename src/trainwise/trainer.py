@@ -26,7 +26,7 @@ from trainwise.batches import split_batch as default_split_batch
 from trainwise.callbacks import CallbackList, TrainingState, callback_metrics
 from trainwise.checkpoint.compat import FACTS_KEY, run_facts
 from trainwise.checkpoint.manager import CheckpointManager, latest_in
-from trainwise.checkpoint.resume import RunState, resume
+from trainwise.checkpoint.resume import LoopCounters, RunState, resume
 from trainwise.checkpoint.training import finish_checkpoint_writes, save_training_checkpoint
 from trainwise.checkpoint.weights import save_weights
 from trainwise.config import TrainerConfig, unknown_option
@@ -69,7 +69,6 @@ RULED_OUT_BY_THE_LOOP = frozenset({"TW105", "TW109", "TW112"})
 # The forward-time checks watch one optimizer step in this many: the mistakes they catch repeat on every step,
 # and hooking every forward costs about 4% of a millisecond step. Callbacks' forwards are all watched.
 GUARD_FORWARD_EVERY = 8
-OBJECTS = ("optimizer", "scheduler", "loss_fn", "split_batch", "collate_fn", "loggers", "callbacks")
 
 
 @dataclasses.dataclass(eq=False)
@@ -103,7 +102,7 @@ class Fit:
     ended: bool = False  # callbacks and trackers were told the end state
 
     @property
-    def counters(self) -> Any:
+    def counters(self) -> LoopCounters:
         return self.state.counters
 
 
