@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import gc
 import hashlib
 import itertools
 import os
@@ -107,6 +108,7 @@ def init_distributed(
 def close_distributed(info: DistributedInfo) -> None:
     """Destroy the process group if ``init_distributed`` created it (a user's own group is left alone)."""
     if info.created and dist.is_initialized():
+        gc.collect()  # a DDP wrapper in a reference cycle still holds the group; it goes while Python is alive
         dist.destroy_process_group()
 
 

@@ -105,6 +105,17 @@ class Fit:
     def counters(self) -> LoopCounters:
         return self.state.counters
 
+    def drop_wrappers(self) -> None:
+        """Let go of the DDP/compiled wrappers before the process group is destroyed: a traceback's frames
+        still hold this run, and a wrapper that outlives the group into interpreter exit aborts gloo."""
+        if self.step is not None:
+            self.step.model = None
+            if self.step.splitter is not None:
+                self.step.splitter.model = None
+        self.guard_hooks = None
+        self.eval_model = self.state.model
+        self.checkpoint = lambda: None  # the partial holding this run: no cycle left for the collector
+
 
 class Trainer:
     """A small training loop with the fundamentals right by default.
@@ -160,6 +171,7 @@ class Trainer:
             raise TrainwiseError(
                 f"model must be a torch.nn.Module or a function that builds one, got {type(model).__name__}."
             )
+        fit = None
         try:
             with determinism_restored():  # deterministic=True holds for this fit only
                 try:
@@ -178,6 +190,8 @@ class Trainer:
                     return self._run(fit)
         finally:
             self._lock.release()  # the run folder is free for the next writer
+            if fit is not None:
+                fit.drop_wrappers()
             self._strategy.close()  # only a process group this fit joined
             self._lock, self._strategy = RunLock("."), SingleProcess(torch.device("cpu"))
 

@@ -7,6 +7,7 @@ a preemption signal to its own process after a chosen step on chosen ranks; each
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -21,6 +22,13 @@ def data(n: int, seed: int) -> TensorDataset:
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 6, generator=generator)
     return TensorDataset(x, (x[:, 0] + 0.5 * x[:, 1] > 0).long())
+
+
+def wrappers_alive() -> int:
+    """DDP wrappers still alive: one that outlives the process group into interpreter exit aborts gloo
+    ("terminate called without an active exception", exit -6 instead of 143), as CI saw once."""
+    gc.collect()
+    return sum(isinstance(o, torch.nn.parallel.DistributedDataParallel) for o in gc.get_objects())
 
 
 class SignalAfterStep:
@@ -60,11 +68,12 @@ def main() -> None:
         result = trainer.fit(net, loader, data(20, 1))
     except Preempted as exc:
         outcome.update(stopped=exc.result.stopped, steps=exc.result.steps, signal=exc.signal,
-                       handler_restored=signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+                       handler_restored=signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
+                       wrappers_alive=wrappers_alive())  # while the exception's frames still hold the run
         with open(f"{args.out}.{rank}.json", "w") as handle:
             json.dump(outcome, handle)
         raise
-    outcome.update(stopped=result.stopped, steps=result.steps)
+    outcome.update(stopped=result.stopped, steps=result.steps, wrappers_alive=wrappers_alive())
     with open(f"{args.out}.{rank}.json", "w") as handle:
         json.dump(outcome, handle)
 

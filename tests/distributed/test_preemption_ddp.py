@@ -61,6 +61,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.T
     done = _worker(folder / "out", folder / "run")
     assert [d.returncode for d in done] == [0, 0], done[0].stderr[-3000:] + done[1].stderr[-3000:]
     assert json.loads((folder / "out.0.json").read_text())["steps"] == 12
+    assert [json.loads((folder / f"out.{rank}.json").read_text())["wrappers_alive"] for rank in (0, 1)] == [0, 0]
     return _weights(folder / "run")
 
 
@@ -73,6 +74,7 @@ def test_sigterm_to_one_rank_or_both_stops_both_at_one_step_and_resumes_bitwise(
     # the flag set after step 3 rides step 4's all-reduce, which step 5 reads: both ranks stop after step 5
     assert [s["steps"] for s in seen] == [5, 5] and {s["stopped"] for s in seen} == {"preempted"}
     assert all(s["handler_restored"] for s in seen)
+    assert [s["wrappers_alive"] for s in seen] == [0, 0]  # the process group really goes before exit
     assert CheckpointManager(run).latest().name == "ckpt-step000000005.pt"  # one checkpoint, rank 0's
     end = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
     assert end["kind"] == "end" and end["status"] == "preempted" and end["step"] == 5

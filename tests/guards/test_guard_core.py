@@ -72,3 +72,23 @@ def test_closing_removes_every_hook_and_changes_nothing():
         assert torch.equal(a, b)
     assert not guarded._forward_hooks and not guarded._forward_pre_hooks
     assert not opt_guarded._optimizer_step_pre_hooks and not opt_guarded._optimizer_step_post_hooks
+
+
+def test_a_closed_guard_keeps_no_wrapper_alive():
+    # a DDP wrapper kept alive past its process group aborts gloo at interpreter exit (exit -6, not the
+    # script's own code): after close the guard holds only the user's module and optimizer
+    import gc
+    import weakref
+
+    model = nn.Linear(4, 2)
+    wrapper = nn.DataParallel(model)  # on CPU it only calls the module: a wrapper like DDP's
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = tw.guard(wrapper, optimizer)
+    wrapper(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    guard.close()
+    gone = weakref.ref(wrapper)
+    del wrapper
+    gc.collect()
+    assert gone() is None
+    assert guard.model is model and guard.optimizer is optimizer

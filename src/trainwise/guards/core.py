@@ -339,8 +339,13 @@ class Guard:
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
+            self._forward_hooks.clear()
             for item in self.checks:
                 item.close()
+            # a closed guard keeps no wrapper (DDP, compile) alive: one that outlives its process group
+            # into interpreter exit aborts gloo
+            self.model_layers, self._entries = self.model_layers[-1:], []
+            self.optimizer_layers = self.optimizer_layers[-1:]
 
     def __enter__(self) -> Guard:
         return self
