@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import signal
+import time
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -42,6 +43,21 @@ class SignalAfterStep:
             os.kill(os.getpid(), getattr(signal, self.name))
 
 
+class ReadyAfterStep:
+    """Writes ``path`` at ``on_step_end`` of ``step`` and then slows every step, so that a signal sent from
+    outside (to torchrun's agent, which forwards it) arrives while the run trains."""
+
+    def __init__(self, step: int, path: str) -> None:
+        self.step, self.path = step, path
+
+    def on_step_end(self, state) -> None:
+        if state.step == self.step:
+            with open(self.path, "w") as handle:
+                handle.write("ready")
+        if state.step >= self.step:
+            time.sleep(0.3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -49,6 +65,7 @@ def main() -> None:
     parser.add_argument("--signal-ranks", default="")  # "0", "1" or "0,1"
     parser.add_argument("--signal-step", type=int, default=0)
     parser.add_argument("--resume", default=None)
+    parser.add_argument("--ready-file", default="")  # rank 0 writes it after --signal-step, then steps slowly
     args = parser.parse_args()
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
@@ -59,7 +76,8 @@ def main() -> None:
         epochs=3, batch_size=4, accumulation_steps=2, device="cpu", precision="fp32", progress="off", plot=False,
         diagnose=False, run_dir=args.run_dir, resume=args.resume, dist_timeout=20.0, seed=0,
         optimizer=lambda params: torch.optim.SGD(params, lr=0.2),
-        callbacks=[SignalAfterStep(args.signal_step, "SIGTERM")] if signalled else [],
+        callbacks=[SignalAfterStep(args.signal_step, "SIGTERM")] if signalled and not args.ready_file
+        else [ReadyAfterStep(args.signal_step, args.ready_file)] if args.ready_file and rank == 0 else [],
     )
     # 64 samples: 32 a rank, 8 batches of 4, 4 optimizer steps an epoch
     loader = DataLoader(data(64, 0), batch_size=4, shuffle=False)

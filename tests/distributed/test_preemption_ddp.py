@@ -3,12 +3,15 @@ MASTER_ADDR...) as plain processes so that each one's exit code is seen (torchru
 other worker once one exits). A SIGTERM to one rank or to both: the ranks agree on the step through the
 window's count all-reduce (no collective of its own), rank 0 writes one checkpoint there, both exit 143, and
 the resumed run ends bitwise equal to an uninterrupted one. Before, SIGTERM ended the rank at once (-15) and
-the other one with gloo's traceback. A rank that dies: the survivor says so in one line, within the timeout."""
+the other one with gloo's traceback. Under torch.distributed.run itself, a SIGTERM to the launcher (how a
+cluster stops a job) is forwarded to both workers, with the same outcome. A rank that dies: the survivor says
+so in one line, within the timeout."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -84,6 +87,37 @@ def test_sigterm_to_one_rank_or_both_stops_both_at_one_step_and_resumes_bitwise(
     weights = _weights(run)
     assert weights.keys() == uninterrupted.keys()
     for key in weights:
+        assert torch.equal(weights[key], uninterrupted[key]), key
+
+
+def test_sigterm_to_torchrun_reaches_both_workers_which_stop_at_one_step_and_resume_bitwise(uninterrupted, tmp_path):
+    # how a cluster stops a job: SIGTERM to the launcher (torch.distributed.run), whose agent forwards it to
+    # every worker and waits for them before it kills them
+    run, ready = tmp_path / "run", tmp_path / "ready"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", _port(),
+         str(WORKER), str(tmp_path / "out"), str(run), "--signal-step", "3", "--ready-file", str(ready)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while not ready.exists() and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), launcher.communicate(timeout=30)[1][-3000:]
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=90)
+    assert launcher.returncode != 0  # the job was stopped, not completed
+    seen = [json.loads((tmp_path / f"out.{rank}.json").read_text()) for rank in (0, 1)]
+    assert {s["stopped"] for s in seen} == {"preempted"}, err[-3000:]
+    steps = {s["steps"] for s in seen}
+    assert len(steps) == 1 and 3 <= steps.pop() < 12  # one step, agreed by both
+    assert [s["wrappers_alive"] for s in seen] == [0, 0]
+    latest = CheckpointManager(run).latest()
+    assert latest.name == f"ckpt-step{seen[0]['steps']:09d}.pt"
+    resumed = _worker(tmp_path / "resumed", run, "--resume", "auto")
+    assert [d.returncode for d in resumed] == [0, 0], resumed[0].stderr[-3000:]
+    weights = _weights(run)
+    for key in uninterrupted:
         assert torch.equal(weights[key], uninterrupted[key]), key
 
 
