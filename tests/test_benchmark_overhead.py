@@ -57,9 +57,25 @@ def test_two_sides_one_small_epoch_report_every_figure_and_the_same_result(capsy
     losses = same["no decay on biases"]["final_loss"]
     assert losses["same-work"] == pytest.approx(losses["trainer-off"], rel=1e-4)
     assert [t["side"] for t in entry["targets"]] == ["trainer-off"]
-    assert entry["targets"][0]["target"] == 1.02
+    assert entry["targets"][0]["target"] == {"per_step": 1.02, "run": 1.02}
     assert set(entry["targets"][0]["per_round_ratio_median"]) == {"per_step cpu", "per_step wall", "run cpu",
                                                                   "run wall"}
+
+
+@pytest.mark.slow
+def test_the_users_own_optimizer_sides_compare_with_the_minimal_loop_on_that_optimizer(capsys):
+    overhead = _overhead()
+    code = overhead.main(["--repeats", "1", "--sizes", "small", "--small-epochs", "1", "--warmup-batches", "1",
+                          "--sides", "minimal,minimal-adam,trainer-adam-off", "--json"])
+    assert code == 0
+    entry = json.loads(capsys.readouterr().out)["sizes"]["small"]
+    assert set(entry["vs"]["minimal-adam"]) == {"trainer-adam-off"}
+    same = entry["same_result"]["the user's Adam"]
+    assert same["sides"] == ["minimal-adam", "trainer-adam-off"] and same["match"], same
+    # AdamW with weight decay and Adam end elsewhere: the families really are different work
+    assert entry["same_result"]["one AdamW group"]["final_loss"]["minimal"] != same["final_loss"]["minimal-adam"]
+    target = next(t for t in entry["targets"] if t["side"] == "trainer-adam-off")
+    assert target["baseline"] == "minimal-adam" and target["target"] == {"per_step": 1.02, "run": 1.10}
 
 
 @pytest.mark.parametrize("side", ["fabric", "accelerate", "lightning"])
