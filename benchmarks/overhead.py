@@ -187,7 +187,7 @@ def _model(size: str, seed: int) -> Any:
 
 
 def _loader(dataset: Any, options: RunOptions, *, drained: bool = False) -> Any:
-    """A DataLoader shuffled by a seeded sampler, as trainwise.seeding.seeded_loader builds it: every side sees
+    """A DataLoader shuffled by a seeded sampler, as trainwise.data.seeded_loader builds it: every side sees
     the batches in the same order (shuffle=True costs the same per step).
 
     ``drained``: the sampler draws each epoch's indices up front, tail included. ``RandomSampler`` makes one more

@@ -173,8 +173,7 @@ def test_an_unseeded_random_batch_sampler_is_refused_in_one_sentence(tmp_path):
 
 def test_ranks_get_every_batch_once_and_the_same_number_of_micro_batches():
     """Without a process group: rank and world size given. 13 batches over 3 ranks: 5, 4 (+1), 4 (+1)."""
-    from trainwise.distributed import ShardedBatchSampler
-    from trainwise.seeding import SeededBatchSampler
+    from trainwise.data import SeededBatchSampler, ShardedBatchSampler
 
     shards = []
     for rank in range(3):
@@ -193,7 +192,7 @@ def test_ranks_get_every_batch_once_and_the_same_number_of_micro_batches():
 
 def test_plain_batch_sampler_shards_like_one_process_with_a_bigger_batch():
     """Sharding the one-process batches of 4 over 2 ranks gives, step by step, its batches of 8."""
-    from trainwise.distributed import ShardedBatchSampler
+    from trainwise.data import ShardedBatchSampler
 
     one = list(BatchSampler(range(21), 8, drop_last=True))
     steps = [

@@ -676,7 +676,7 @@ def test_outputs_mistakes_are_one_sentence(tmp_path, model, outputs, match):
     ],
 )
 def test_the_article_follows_the_sound_of_the_word(word, expected):
-    from trainwise.exporting import _a
+    from trainwise.exporting.common import _a
 
     assert _a(word) == expected
 

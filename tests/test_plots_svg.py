@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-import trainwise.checkpoint.io as checkpoint_io
+import trainwise.files
 from trainwise.plots import write_learning_curves_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -251,7 +251,7 @@ def test_markers_up_to_sixty_points(tmp_path):
 def test_written_atomically_old_file_survives_a_failed_write(tmp_path, monkeypatch):
     path = tmp_path / "curves.svg"
     path.write_text("old good content")
-    real_atomic_write = checkpoint_io.atomic_write
+    real_atomic_write = trainwise.files.atomic_write
 
     def failing_atomic_write(target, write):
         def write_then_fail(file):
@@ -260,7 +260,7 @@ def test_written_atomically_old_file_survives_a_failed_write(tmp_path, monkeypat
 
         return real_atomic_write(target, write_then_fail)
 
-    monkeypatch.setattr(checkpoint_io, "atomic_write", failing_atomic_write)
+    monkeypatch.setattr(trainwise.files, "atomic_write", failing_atomic_write)
     with pytest.raises(OSError):
         write_learning_curves_svg(_history([1.0, 0.5], [1.1, 0.6]), path)
     assert path.read_text() == "old good content"

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from trainwise import GradientAccumulator, Trainer, TrainwiseError, call_model, mark_last, split_batch
-from trainwise.batches import model_loss_and_logits
+from trainwise.data import model_loss_and_logits
 
 FEATURES, CLASSES, TOKENS, VOCAB = 6, 3, 5, 7
 

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset, random_split
 
 from trainwise import TrainwiseError, prepare_loader, seed_everything, seeded_loader
-from trainwise.seeding import SeededDataset
+from trainwise.data import SeededDataset
 
 
 @pytest.fixture(autouse=True)

@@ -35,18 +35,18 @@ _EXPORTS = {
     "LoadReport": "trainwise.checkpoint.weights",
     "Mean": "trainwise.metrics",
     "MetricSet": "trainwise.metrics",
-    "MicroBatch": "trainwise.batches",
+    "MicroBatch": "trainwise.data.batches",
     "NonFiniteLossError": "trainwise.errors",
     "NonFiniteLossGuard": "trainwise.guards.loss",
     "OverfittingReport": "trainwise.diagnosis",
     "PrecisionPolicy": "trainwise.device",
-    "ResumableLoader": "trainwise.checkpoint.loader",
+    "ResumableLoader": "trainwise.data.resumable",
     "RunLock": "trainwise.runlog",
-    "SampleKey": "trainwise.seeding",
-    "SeededBatchSampler": "trainwise.seeding",
-    "SeededDataset": "trainwise.seeding",
-    "ShardSampler": "trainwise.distributed",
-    "ShardedBatchSampler": "trainwise.distributed",
+    "SampleKey": "trainwise.data.seeding",
+    "SeededBatchSampler": "trainwise.data.seeding",
+    "SeededDataset": "trainwise.data.seeding",
+    "ShardSampler": "trainwise.data.samplers",
+    "ShardedBatchSampler": "trainwise.data.samplers",
     "Trainer": "trainwise.trainer",
     "TrainerConfig": "trainwise.config",
     "TrainwiseError": "trainwise.errors",
@@ -54,19 +54,19 @@ _EXPORTS = {
     "WeightsMismatchError": "trainwise.checkpoint.weights",
     "accumulation_steps": "trainwise.accumulation",
     "build_optimizer": "trainwise.optimizers",
-    "call_model": "trainwise.batches",
+    "call_model": "trainwise.data.batches",
     "check_finite_everywhere": "trainwise.guards.loss",
     "check_optimizer_covers": "trainwise.guards.loss",
-    "count_items": "trainwise.batches",
-    "data_kind": "trainwise.data",
+    "count_items": "trainwise.data.batches",
+    "data_kind": "trainwise.data.loaders",
     "detect_overfitting": "trainwise.diagnosis",
     "evaluate": "trainwise.evaluation",
     "evaluating": "trainwise.evaluation",
-    "evaluation_loader": "trainwise.data",
+    "evaluation_loader": "trainwise.data.loaders",
     "export": "trainwise.exporting",
     "extend_optimizer": "trainwise.freezing",
     "find_resume_checkpoint": "trainwise.checkpoint.manager",
-    "forward_micro_batch": "trainwise.batches",
+    "forward_micro_batch": "trainwise.data.batches",
     "freeze": "trainwise.freezing",
     "frozen_norm_layers": "trainwise.freezing",
     "get_rng_state": "trainwise.seeding",
@@ -77,15 +77,15 @@ _EXPORTS = {
     "load_checkpoint": "trainwise.checkpoint.state",
     "load_exported": "trainwise.exporting",
     "load_weights": "trainwise.checkpoint.weights",
-    "loader_generator": "trainwise.seeding",
-    "mark_last": "trainwise.batches",
+    "loader_generator": "trainwise.data.seeding",
+    "mark_last": "trainwise.data.batches",
     "move_to_device": "trainwise.device",
-    "padding_batches": "trainwise.distributed",
+    "padding_batches": "trainwise.data.samplers",
     "param_groups": "trainwise.freezing",
     "pin_frozen_norm_layers": "trainwise.freezing",
     "plot_learning_curves": "trainwise.plots",
     "write_learning_curves_svg": "trainwise.plots",
-    "prepare_loader": "trainwise.seeding",
+    "prepare_loader": "trainwise.data.seeding",
     "read_log": "trainwise.runlog",
     "read_resume_checkpoint": "trainwise.checkpoint.training",
     "resolve_device": "trainwise.device",
@@ -98,15 +98,15 @@ _EXPORTS = {
     "finish_checkpoint_writes": "trainwise.checkpoint.training",
     "save_weights": "trainwise.checkpoint.weights",
     "seed_everything": "trainwise.seeding",
-    "seed_worker": "trainwise.seeding",
-    "seeded_loader": "trainwise.seeding",
-    "seeded_sampling": "trainwise.seeding",
+    "seed_worker": "trainwise.data.seeding",
+    "seeded_loader": "trainwise.data.seeding",
+    "seeded_sampling": "trainwise.data.seeding",
     "set_rng_state": "trainwise.seeding",
-    "set_sampler_epoch": "trainwise.distributed",
+    "set_sampler_epoch": "trainwise.data.samplers",
     "shard_model": "trainwise.distributed",
     "sharded_to_single_file": "trainwise.distributed",
-    "split_batch": "trainwise.batches",
-    "training_loader": "trainwise.data",
+    "split_batch": "trainwise.data.batches",
+    "training_loader": "trainwise.data.loaders",
     "unfreeze": "trainwise.freezing",
     "unwrap_model": "trainwise.wrappers",
     "unwrap_optimizer": "trainwise.wrappers",
@@ -232,10 +232,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
     from trainwise.accumulation import GradientAccumulator, accumulation_steps
-    from trainwise.batches import MicroBatch, call_model, count_items, forward_micro_batch, mark_last, split_batch
     from trainwise.callbacks import Callback, TrainingState
     from trainwise.checkpoint.io import safe_load
-    from trainwise.checkpoint.loader import ResumableLoader
     from trainwise.checkpoint.manager import CheckpointManager, find_resume_checkpoint
     from trainwise.checkpoint.state import load_checkpoint, save_checkpoint
     from trainwise.checkpoint.training import (
@@ -246,18 +244,27 @@ if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
     )
     from trainwise.checkpoint.weights import LoadReport, WeightsMismatchError, load_weights, save_weights
     from trainwise.config import TrainerConfig
-    from trainwise.data import data_kind, evaluation_loader, training_loader
+    from trainwise.data.batches import MicroBatch, call_model, count_items, forward_micro_batch, mark_last, split_batch
+    from trainwise.data.loaders import data_kind, evaluation_loader, training_loader
+    from trainwise.data.resumable import ResumableLoader
+    from trainwise.data.samplers import ShardedBatchSampler, ShardSampler, padding_batches, set_sampler_epoch
+    from trainwise.data.seeding import (
+        SampleKey,
+        SeededBatchSampler,
+        SeededDataset,
+        loader_generator,
+        prepare_loader,
+        seed_worker,
+        seeded_loader,
+        seeded_sampling,
+    )
     from trainwise.device import DeviceChoice, PrecisionPolicy, move_to_device, resolve_device, resolve_precision
     from trainwise.diagnosis import OverfittingReport, detect_overfitting
     from trainwise.distributed import (
-        ShardedBatchSampler,
-        ShardSampler,
         global_metric_values,
         init_distributed,
         is_main_process,
-        padding_batches,
         same_last_batch,
-        set_sampler_epoch,
         shard_model,
         sharded_to_single_file,
     )
@@ -287,19 +294,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; keep in step with _EXPORTS
     from trainwise.plots import plot_learning_curves, write_learning_curves_svg
     from trainwise.results import FitResult
     from trainwise.runlog import RunLock, read_log
-    from trainwise.seeding import (
-        SampleKey,
-        SeededBatchSampler,
-        SeededDataset,
-        get_rng_state,
-        loader_generator,
-        prepare_loader,
-        seed_everything,
-        seed_worker,
-        seeded_loader,
-        seeded_sampling,
-        set_rng_state,
-    )
+    from trainwise.seeding import get_rng_state, seed_everything, set_rng_state
     from trainwise.step import TrainStep
     from trainwise.tracking import Logger, MLflowLogger, TensorBoardLogger
     from trainwise.trainer import Trainer

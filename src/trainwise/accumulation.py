@@ -178,7 +178,7 @@ class GradientAccumulator:
 
     def backward_empty(self, outputs: Any) -> None:
         """Backpropagate a micro-batch that counts zero items: a padding batch of zero rows (a rank whose shard
-        ran out, see ``trainwise.distributed.ShardedBatchSampler``) or one whose every token is ignored.
+        ran out, see ``trainwise.data.ShardedBatchSampler``) or one whose every token is ignored.
 
         It adds nothing to the gradient or to the window's count, but it runs a backward through the model's
         ``outputs`` (their forward graph), so that DDP's gradient all-reduce and FSDP's reduce-scatter run on

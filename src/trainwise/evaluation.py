@@ -50,14 +50,15 @@ def evaluate(
     ignore_index: int = -100,
 ) -> dict[str, float]:
     """Loss (and accuracy) over a whole loader under :func:`evaluating`, counted by sample (or token) and
-    summed over every process. ``forward(model, batch)`` returns a :class:`~trainwise.batches.MicroBatch`
-    (as :func:`~trainwise.batches.forward_micro_batch` does); ``accuracy`` is ``"auto"``, ``"on"`` or ``"off"``.
+    summed over every process. ``forward(model, batch)`` returns a :class:`~trainwise.data.MicroBatch`
+    (as :func:`~trainwise.data.forward_micro_batch` does); ``accuracy`` is ``"auto"``, ``"on"`` or ``"off"``.
 
     Under FSDP every process must run as many forwards (each gathers parameters): a process with a shorter
     shard repeats its last batch and discards the result.
     """
-    from trainwise.batches import wants_accuracy
-    from trainwise.distributed import any_rank, is_distributed, validation_padding
+    from trainwise.data.batches import wants_accuracy
+    from trainwise.data.samplers import validation_padding
+    from trainwise.distributed import any_rank, is_distributed
     from trainwise.metrics import MetricSet
 
     metrics = MetricSet(device)

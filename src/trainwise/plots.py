@@ -8,7 +8,7 @@ matplotlib is optional (without it, one line, :data:`PLOT_HINT`, says how to get
 
 Both show the same content: training and validation loss per epoch, the ``monitor`` metric beside them (or
 ``val_accuracy`` when the monitor is a loss), and vertical lines at the best epoch and the overfitting onset.
-Both write through :func:`~trainwise.checkpoint.io.atomic_write`: a failed write leaves the old file intact.
+Both write through :func:`~trainwise.files.atomic_write`: a failed write leaves the old file intact.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def plot_learning_curves(
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     figure.tight_layout()
-    from trainwise.checkpoint.io import atomic_write
+    from trainwise.files import atomic_write
 
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -338,7 +338,7 @@ def write_learning_curves_svg(
     atomically (UTF-8); an empty history gives a valid SVG that says "no epochs"."""
     svg = _render_svg(history, monitor=monitor, best_epoch=best_epoch, overfitting_epoch=overfitting_epoch)
     data = svg.encode("utf-8")
-    from trainwise.checkpoint.io import atomic_write
+    from trainwise.files import atomic_write
 
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -228,7 +228,7 @@ class RunLog:
 
     def write_json(self, name: str, payload: dict[str, Any]) -> Path:
         """Write a small JSON file in the run folder atomically (temp file, then rename)."""
-        from trainwise.checkpoint.io import atomic_write_json
+        from trainwise.files import atomic_write_json
 
         path = RunFolder(self.run_dir).file(name)  # a symlink or FIFO there: refused
         if self._pending is not None:

@@ -1,5 +1,5 @@
 """What happens between two optimizer steps, as one object a hand-written loop can use too: each micro-batch's
-forward (with the batch conventions of :func:`~trainwise.batches.forward_micro_batch`), its backward with the
+forward (with the batch conventions of :func:`~trainwise.data.forward_micro_batch`), its backward with the
 gradient sync only on the window's last, the loss and accuracy counted into the metrics, then the optimizer
 step of :class:`~trainwise.accumulation.GradientAccumulator`.
 
@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 
 from trainwise.accumulation import GradientAccumulator
-from trainwise.batches import MicroBatch, wants_accuracy
+from trainwise.data.batches import MicroBatch, wants_accuracy
 from trainwise.metrics import Mean, MetricSet
 from trainwise.oom import AdaptiveMicroBatches
 
@@ -31,8 +31,8 @@ from trainwise.oom import AdaptiveMicroBatches
 class TrainStep:
     """Micro-batches in, optimizer steps out: forward, backward (synced on a window's last), counted, stepped.
 
-    ``forward(model, batch)`` returns a :class:`~trainwise.batches.MicroBatch` (a bound
-    :func:`~trainwise.batches.forward_micro_batch`); ``model`` is the module the loop calls (DDP-wrapped or
+    ``forward(model, batch)`` returns a :class:`~trainwise.data.MicroBatch` (a bound
+    :func:`~trainwise.data.forward_micro_batch`); ``model`` is the module the loop calls (DDP-wrapped or
     compiled). ``loss_guard`` (a :class:`~trainwise.guards.loss.NonFiniteLossGuard`) sees every loss;
     ``stream`` (a :class:`~trainwise.data.StreamCheck`) counts a worker-loaded stream's samples. ``counts_accuracy``:
     whether accuracy is counted, None until the first batch shows whether outputs are class logits (a resumed

@@ -347,7 +347,7 @@ class MLflowLogger:
             run = self.client.create_run(experiment_id, run_name=self.run_dir.name,
                                          tags={"trainwise.run_dir": str(self.run_dir.resolve())})
             self.run_id = run.info.run_id
-            from trainwise.checkpoint.io import atomic_write_json
+            from trainwise.files import atomic_write_json
 
             names = RunFolder(self.run_dir)  # mlflow.json records this trainwise run's id: see _continued_run
             atomic_write_json(names.file(_MLFLOW_RUN_FILE), {"tracking_uri": self.tracking_uri, "run_id": self.run_id,

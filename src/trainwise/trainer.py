@@ -21,8 +21,6 @@ import torch
 
 from trainwise._version import __version__
 from trainwise.accumulation import GradientAccumulator
-from trainwise.batches import MicroBatch, forward_micro_batch
-from trainwise.batches import split_batch as default_split_batch
 from trainwise.callbacks import CallbackList, TrainingState, callback_metrics
 from trainwise.checkpoint.compat import FACTS_KEY, run_facts
 from trainwise.checkpoint.manager import CheckpointManager, latest_in
@@ -30,10 +28,19 @@ from trainwise.checkpoint.resume import LoopCounters, RunState, resume
 from trainwise.checkpoint.training import finish_checkpoint_writes, save_training_checkpoint
 from trainwise.checkpoint.weights import save_weights
 from trainwise.config import TrainerConfig, unknown_option
-from trainwise.data import StreamCheck, evaluation_loader, length, threads_beside_workers, training_loader, window_steps
+from trainwise.data.batches import MicroBatch, forward_micro_batch
+from trainwise.data.batches import split_batch as default_split_batch
+from trainwise.data.loaders import (
+    StreamCheck,
+    evaluation_loader,
+    length,
+    threads_beside_workers,
+    training_loader,
+    window_steps,
+)
+from trainwise.data.samplers import padding_for, set_sampler_epoch
 from trainwise.device import resolve_device, resolve_precision
 from trainwise.diagnosis import OverfittingReport
-from trainwise.distributed import padding_for, set_sampler_epoch
 from trainwise.early_stopping import EarlyStopping, best_epoch, metric_mode
 from trainwise.errors import NonFiniteLossError, TrainwiseError, UnknownOptionError
 from trainwise.evaluation import evaluate

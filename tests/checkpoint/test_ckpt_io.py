@@ -17,16 +17,10 @@ import torch
 from ckpt_helpers import Net, make_bad_inputs
 
 from trainwise.checkpoint import load_checkpoint, safe_load, save_checkpoint
-from trainwise.checkpoint.io import (
-    atomic_torch_save,
-    atomic_write,
-    atomic_write_bytes,
-    atomic_write_json,
-    detect_format,
-    is_temp_file,
-)
+from trainwise.checkpoint.io import atomic_torch_save, detect_format
 from trainwise.checkpoint.state import decode_rng_state, encode_rng_state
 from trainwise.errors import DiskWriteError, TrainwiseError
+from trainwise.files import atomic_write, atomic_write_bytes, atomic_write_json, is_temp_file
 from trainwise.seeding import get_rng_state, set_rng_state
 
 
@@ -288,10 +282,10 @@ def test_a_new_file_gets_the_default_mode(tmp_path):
 
 def fill_disk_after(monkeypatch, limit: int, code: int = errno.ENOSPC) -> dict[str, int]:
     """Every write to an atomic_write temporary file fails with ``code`` once ``limit`` bytes are written."""
-    from trainwise.checkpoint import io as ckpt_io
+    from trainwise import files
 
     written = {"bytes": 0, "failures": 0}
-    real = ckpt_io._TempRaw.write_to_disk
+    real = files._TempRaw.write_to_disk
 
     def write_to_disk(self, data):
         size = memoryview(data).nbytes
@@ -305,7 +299,7 @@ def fill_disk_after(monkeypatch, limit: int, code: int = errno.ENOSPC) -> dict[s
         written["bytes"] += size
         return real(self, data)
 
-    monkeypatch.setattr(ckpt_io._TempRaw, "write_to_disk", write_to_disk)
+    monkeypatch.setattr(files._TempRaw, "write_to_disk", write_to_disk)
     return written
 
 
@@ -373,7 +367,7 @@ def test_a_new_file_that_does_not_fit_leaves_nothing(tmp_path, monkeypatch):
     ],
 )
 def test_failures_outside_the_writes(tmp_path, monkeypatch, where, code, words):
-    from trainwise.checkpoint import io as ckpt_io
+    from trainwise import files
 
     target = tmp_path / "x.json"
     target.write_text("{}\n")
@@ -382,9 +376,9 @@ def test_failures_outside_the_writes(tmp_path, monkeypatch, where, code, words):
         raise OSError(code, os.strerror(code))
 
     if where == "open":
-        monkeypatch.setattr(ckpt_io, "_open_temp", fail)
+        monkeypatch.setattr(files, "_open_temp", fail)
     else:
-        monkeypatch.setattr(ckpt_io.os, where, fail)
+        monkeypatch.setattr(files.os, where, fail)
     with pytest.raises(DiskWriteError) as info:
         atomic_write_json(target, {"a": 1})
     assert_one_sentence_naming(info.value, target, *words)
@@ -407,8 +401,9 @@ def test_an_unrelated_write_error_is_not_called_a_full_disk(tmp_path):
 EFBIG_SCRIPT = r"""
 import json, resource, signal, sys
 import torch
-from trainwise.checkpoint.io import atomic_torch_save, atomic_write, atomic_write_json
+from trainwise.checkpoint.io import atomic_torch_save
 from trainwise.errors import DiskWriteError
+from trainwise.files import atomic_write, atomic_write_json
 
 folder = sys.argv[1]
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # then write() fails with EFBIG instead of killing us

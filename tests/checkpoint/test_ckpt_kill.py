@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from trainwise.checkpoint import CheckpointManager, load_checkpoint
-from trainwise.checkpoint.io import is_temp_file
+from trainwise.files import is_temp_file
 
 TRIALS = 24
 DEADLINE_S = 50

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from trainwise import seeded_loader
-from trainwise.checkpoint import ResumableLoader
+from trainwise.data import ResumableLoader
 
 HERE = Path(__file__).parent
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from trainwise import Trainer, seed_everything, seeded_loader
-from trainwise.checkpoint import ResumableLoader
+from trainwise.data import ResumableLoader
 from trainwise.seeding import get_rng_state, set_rng_state
 
 SAMPLES, BATCH = 24, 4  # 6 batches an epoch
@@ -210,7 +210,7 @@ class LateNumpyNoise(Dataset):
 
 
 def test_the_rngs_are_seeded_once_a_batch_not_once_a_sample(monkeypatch):
-    import trainwise.seeding as seeding
+    import trainwise.data.seeding as seeding
 
     calls = []
     real = seeding._seed_globals

@@ -37,7 +37,7 @@ class Indexed(Dataset):
 class Recorder(nn.Module):
     """A small classifier that records the index of every sample it trains on (zero-row batches add none), and
     counts the forwards of padding batches of real samples apart: the Trainer runs those with norm layers'
-    running statistics in eval mode (``trainwise.distributed.padding_forward``), which ``marker`` shows."""
+    running statistics in eval mode (``trainwise.data.padding_forward``), which ``marker`` shows."""
 
     def __init__(self) -> None:
         super().__init__()

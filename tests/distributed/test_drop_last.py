@@ -10,7 +10,7 @@ from ragged_common import Indexed, Recorder, trainer_options
 from torch.utils.data import BatchSampler, DataLoader
 
 from trainwise import Trainer
-from trainwise.distributed import ShardedBatchSampler
+from trainwise.data import ShardedBatchSampler
 from trainwise.errors import TrainwiseError
 
 

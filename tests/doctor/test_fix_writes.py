@@ -159,9 +159,9 @@ def test_permission_bits_and_symbolic_links_are_kept(here, capsys):
 
 
 def _io_module():
-    import trainwise.checkpoint.io
+    import trainwise.files
 
-    return trainwise.checkpoint.io
+    return trainwise.files
 
 
 def _temp_files(folder):
@@ -321,7 +321,7 @@ def test_fix_does_not_import_torch(here):
 
 
 def test_fix_writes_without_importing_torch(tmp_path):
-    """The atomic writer comes from trainwise.checkpoint.io, which the lazy package loads without torch."""
+    """The atomic writer comes from trainwise.files, which imports no torch."""
     script = tmp_path / "s.py"
     script.write_text(FIXABLE)
     code = (

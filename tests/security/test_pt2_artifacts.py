@@ -481,30 +481,30 @@ CODE_EXPRESSIONS = [
 
 @pytest.mark.parametrize("guard", PLAIN_GUARDS)
 def test_plain_guards_pass(guard):
-    from trainwise.exporting import _is_plain_guard
+    from trainwise.exporting.pt2_check import is_plain_guard
 
-    assert _is_plain_guard(guard)
+    assert is_plain_guard(guard)
 
 
 @pytest.mark.parametrize("guard", CODE_GUARDS)
 def test_guards_that_could_run_code_are_refused(guard):
-    from trainwise.exporting import _is_plain_guard
+    from trainwise.exporting.pt2_check import is_plain_guard
 
-    assert not _is_plain_guard(guard)
+    assert not is_plain_guard(guard)
 
 
 @pytest.mark.parametrize("expression", PLAIN_EXPRESSIONS)
 def test_plain_shape_expressions_pass(expression):
-    from trainwise.exporting import _is_plain_sympy
+    from trainwise.exporting.pt2_check import is_plain_sympy
 
-    assert _is_plain_sympy(expression)
+    assert is_plain_sympy(expression)
 
 
 @pytest.mark.parametrize("expression", CODE_EXPRESSIONS)
 def test_shape_expressions_that_could_run_code_are_refused(expression):
-    from trainwise.exporting import _is_plain_sympy
+    from trainwise.exporting.pt2_check import is_plain_sympy
 
-    assert not _is_plain_sympy(expression)
+    assert not is_plain_sympy(expression)
 
 
 # -- operator names: what the registry has, not what a name pattern allows ------------------------------------------
@@ -564,7 +564,7 @@ def test_every_operator_of_a_real_export_passes_and_loads(tmp_path):
     ],
 )
 def test_registered_operators_and_symbolic_math_pass(target):
-    from trainwise.export_check import check_target
+    from trainwise.exporting.pt2_check import check_target
 
     check_target(target)
 
@@ -591,7 +591,7 @@ def test_registered_operators_and_symbolic_math_pass(target):
     ],
 )
 def test_names_that_only_look_like_operators_are_refused(target, unsafe, fragment):
-    from trainwise.export_check import Refused, check_target
+    from trainwise.exporting.pt2_check import Refused, check_target
 
     with pytest.raises(Refused) as refused:
         check_target(target)

@@ -1,8 +1,8 @@
 """Checkpoints: atomic saves, exact resume, and loading any checkpoint safely (fundamental 8).
 
-- :mod:`~trainwise.checkpoint.io`: atomic writes, format detection, ``weights_only`` loading.
+- :mod:`~trainwise.checkpoint.io`: atomic torch saves, format detection, ``weights_only`` loading.
 - :mod:`~trainwise.checkpoint.state`: the full training state from live objects, restored in place.
-- :mod:`~trainwise.checkpoint.loader`: a DataLoader that resumes in the middle of an epoch.
+- ``ResumableLoader``, a DataLoader that resumes in the middle of an epoch, lives in :mod:`trainwise.data`.
 - :mod:`~trainwise.checkpoint.manager`: a run's checkpoints, the last N and the best kept.
 - :mod:`~trainwise.checkpoint.weights`: ``load_weights`` with its report, ``save_weights``.
 """
@@ -12,14 +12,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# Loaded on first use (PEP 562): `trainwise.checkpoint.io` alone imports no torch, so tools that only write
-# files atomically (`doctor --fix`) stay fast.
+# Loaded on first use (PEP 562), so importing the package imports no torch. A dotted value is a module outside
+# the package: `atomic_write` lives in `trainwise.files` (general file safety), kept here as public API.
 _EXPORTS = {
     "atomic_torch_save": "io",
-    "atomic_write": "io",
+    "atomic_write": "trainwise.files",
     "detect_format": "io",
     "safe_load": "io",
-    "ResumableLoader": "loader",
+    "ResumableLoader": "trainwise.data.resumable",
     "CheckpointManager": "manager",
     "find_resume_checkpoint": "manager",
     "capture_state": "state",
@@ -38,7 +38,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'trainwise.checkpoint' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"trainwise.checkpoint.{module}"), name)
+    value = getattr(importlib.import_module(module if "." in module else f"trainwise.checkpoint.{module}"), name)
     globals()[name] = value
     return value
 

@@ -53,7 +53,7 @@ def run_facts(
     loss_fn: Any = None,
 ) -> dict[str, Any]:
     """What a checkpoint records about the run beside its options (plain values, for ``weights_only``)."""
-    from trainwise.data import length
+    from trainwise.data.loaders import length
     from trainwise.wrappers import unwrap_model
 
     dataset = getattr(loader, "dataset", None)
@@ -78,7 +78,7 @@ def data_fingerprint(dataset: Any) -> str | None:
     import hashlib
     import random
 
-    from trainwise.data import length
+    from trainwise.data.loaders import length
 
     size = length(dataset) if dataset is not None else None
     if not size or not hasattr(dataset, "__getitem__"):

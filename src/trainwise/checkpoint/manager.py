@@ -26,9 +26,10 @@ from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Literal
 
-from trainwise.checkpoint.io import atomic_write_json, is_complete, is_temp_file
+from trainwise.checkpoint.io import is_complete
 from trainwise.checkpoint.state import read_checkpoint, restore_checkpoint, write_checkpoint_temporary
 from trainwise.errors import TrainwiseError
+from trainwise.files import atomic_write_json, is_temp_file
 from trainwise.run_folder import RUN_ID_KEY
 
 CHECKPOINT_FOLDER = "checkpoints"

@@ -7,7 +7,7 @@ As Lightning Fabric does, a checkpoint is described by a dict of the live object
     extra = load_checkpoint("ckpt.pt", state)                 # restores every object in place
 
 Anything with ``state_dict()``/``load_state_dict()`` (optimizers, schedulers, ``GradScaler``, the
-``GradientAccumulator``, a :class:`~trainwise.checkpoint.loader.ResumableLoader`, early stopping, metrics)
+``GradientAccumulator``, a :class:`~trainwise.data.ResumableLoader`, early stopping, metrics)
 is saved through those methods; a model is always saved from the unwrapped module (no ``module.`` or
 ``_orig_mod.`` prefix); plain values (epoch, step) are saved as they are and written back into the dict.
 Every global RNG (Python, NumPy, torch CPU and CUDA) is saved with the state and restored by default, so
@@ -28,8 +28,9 @@ import numpy as np
 import torch
 
 from trainwise._version import __version__
-from trainwise.checkpoint.io import PendingWrite, safe_load, write_temporary
+from trainwise.checkpoint.io import safe_load
 from trainwise.errors import TrainwiseError, printable, show
+from trainwise.files import PendingWrite, write_temporary
 from trainwise.seeding import get_rng_state, set_rng_state
 from trainwise.wrappers import unwrap_model
 

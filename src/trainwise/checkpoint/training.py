@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from trainwise.checkpoint.io import atomic_write_json
 from trainwise.checkpoint.manager import (
     ANY_RUN,
     CHECKPOINT_FOLDER,
@@ -42,6 +41,7 @@ from trainwise.distributed import (
     save_sharded,
 )
 from trainwise.errors import TrainwiseError
+from trainwise.files import atomic_write_json
 from trainwise.run_folder import RUN_ID_KEY
 from trainwise.runlog import write_failure
 

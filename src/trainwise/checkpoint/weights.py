@@ -27,13 +27,13 @@ import torch
 from trainwise.checkpoint.io import (
     SAFETENSORS,
     atomic_torch_save,
-    atomic_write_bytes,
     check_file,
     detect_format,
     printable,
     safe_load,
 )
 from trainwise.errors import TrainwiseError
+from trainwise.files import atomic_write_bytes
 
 # Where checkpoints commonly keep the weights, searched in this order (and nested up to a few levels).
 WEIGHT_KEYS = ("state_dict", "model_state_dict", "model", "module", "state", "weights", "net", "network")

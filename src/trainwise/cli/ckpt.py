@@ -354,7 +354,7 @@ def _metrics_lines(training: Mapping[str, Any]) -> list[str]:
 def _convert(args: argparse.Namespace) -> int:
     import torch
 
-    from trainwise.checkpoint.io import atomic_torch_save, atomic_write_bytes, check_file, safe_load
+    from trainwise.checkpoint.io import atomic_torch_save, check_file, safe_load
     from trainwise.checkpoint.weights import (
         find_weights,
         safetensors_bytes,
@@ -362,6 +362,7 @@ def _convert(args: argparse.Namespace) -> int:
         unloadable_tensor,
     )
     from trainwise.errors import DiskWriteError, TrainwiseError
+    from trainwise.files import atomic_write_bytes
 
     source, target = Path(args.input), Path(args.output)
     check_file(source)

@@ -243,7 +243,7 @@ def _build_model(spec: str, kwargs: dict[str, Any]) -> Any:
             with contextlib.suppress(ValueError):
                 sys.path.remove(cwd)
     if not isinstance(model, torch.nn.Module):
-        from trainwise.exporting import _a
+        from trainwise.exporting.common import _a
 
         raise TrainwiseError(f"--model {spec} returned {_a(type(model).__name__)}; it must return a torch.nn.Module.")
     return model
@@ -336,7 +336,7 @@ def _export_first(exc: Any, source: Path, format: str | None) -> str:
     import shlex
 
     from trainwise.errors import printable
-    from trainwise.exporting import _a
+    from trainwise.exporting.common import _a
 
     checkpoint: Path = exc.path
     spec, kwargs = _model_of(checkpoint, exc.shapes)
@@ -475,7 +475,7 @@ def _save_outputs(path: Path, names: list[str], results: list[Any]) -> Path:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise TrainwiseError(f"folder {folder} does not exist; create it first or choose another --output.")
-    from trainwise.checkpoint.io import atomic_write
+    from trainwise.files import atomic_write
 
     def write(handle: Any) -> None:
         if suffix == ".npy":

@@ -445,7 +445,7 @@ def build(config: FitConfig) -> tuple[Any, Any, Any, Any]:
 
 def train(config: FitConfig) -> dict[str, Any]:
     """Build everything, record the resolved configuration in the run folder as fit.json, train; a summary."""
-    from trainwise.checkpoint.io import atomic_write_json
+    from trainwise.files import atomic_write_json
     from trainwise.interrupts import Preempted
     from trainwise.runlog import default_run_dir, prepare_run_folder
 
@@ -488,7 +488,7 @@ class _WriteOnStart:
         self.path, self.payload = path, payload
 
     def on_fit_start(self, state: Any) -> None:
-        from trainwise.checkpoint.io import atomic_write_json
+        from trainwise.files import atomic_write_json
 
         atomic_write_json(self.path, self.payload)
 

@@ -142,12 +142,12 @@ _WRITE_ERRORS = {
 
 
 def write_fixed(path: str, data: bytes, *, fixed_before: int = 0) -> None:
-    """Replace the content of ``path`` with ``data`` atomically, with ``trainwise.checkpoint.io.atomic_write``:
+    """Replace the content of ``path`` with ``data`` atomically, with ``trainwise.files.atomic_write``:
     a new file beside it with its permission bits, fsynced, renamed over it. A symbolic link stays a link (the
     file it points to is replaced). On any failure (a full disk, ``ulimit -f``, a read-only folder) the file
     keeps its old content and a one-line ``TrainwiseError`` names the file, the cause and what to do."""
-    from trainwise.checkpoint.io import atomic_write_bytes  # imports no torch
     from trainwise.errors import TrainwiseError
+    from trainwise.files import atomic_write_bytes  # imports no torch
 
     target = os.path.realpath(path)
     done = f" ({fixed_before} other file{'s' if fixed_before != 1 else ''} fixed before it)" if fixed_before else ""

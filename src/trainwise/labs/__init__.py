@@ -90,7 +90,7 @@ def run_lab(lab: Lab) -> LabResult:
 def save_figure(figure: Any, path: Path) -> Path:
     """Write a matplotlib ``Figure`` (made without pyplot) as a PNG atomically: a failed write leaves an older
     picture intact."""
-    from trainwise.checkpoint.io import atomic_write
+    from trainwise.files import atomic_write
 
     return atomic_write(path, lambda file: figure.savefig(file, format="png", dpi=100))
 

@@ -46,7 +46,7 @@ def measure() -> LabResult:
     import torch
     from torch.utils.data import DataLoader
 
-    from trainwise.seeding import prepare_loader, seeded_loader
+    from trainwise.data.seeding import prepare_loader, seeded_loader
 
     saved = random.getstate(), np.random.get_state()
 

@@ -19,7 +19,7 @@ DIGITS_ATTRIBUTION = (
 
 def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
     """All 1,797 digits as float images in [0, 1] of shape (N, 1, 8, 8) and int64 labels."""
-    with resources.files("trainwise").joinpath("data/digits.npz").open("rb") as handle:
+    with resources.files("trainwise").joinpath("demo/digits.npz").open("rb") as handle:
         arrays = np.load(handle)
         images, labels = arrays["images"], arrays["labels"]
     x = torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1)

@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
+from trainwise.data.samplers import PaddingBatch, padding_forward, padding_outputs, zero_rows
 from trainwise.device import move_to_device
-from trainwise.distributed import PaddingBatch, padding_forward, padding_outputs, zero_rows
 from trainwise.errors import TrainwiseError
 from trainwise.wrappers import unwrap_model
 
@@ -190,7 +190,7 @@ def forward_micro_batch(
 
     A batch with no counted item (token counts where every target is ``ignore_index``) gets ``loss=None``:
     its mean would be 0/0. Call ``GradientAccumulator.backward_empty(outputs)`` for it instead of ``backward``.
-    So does a padding batch of real samples (``trainwise.distributed.PaddingBatch``), with count 0 and its
+    So does a padding batch of real samples (``trainwise.data.PaddingBatch``), with count 0 and its
     outputs and targets cut to zero rows: it runs the model (collectives and shapes stay valid), adds nothing.
     """
     if isinstance(batch, PaddingBatch):  # real samples padding a rank's shard under DDP: trained with weight 0

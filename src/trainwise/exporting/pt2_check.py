@@ -1,8 +1,8 @@
 """The check that stands between an untrusted ``.pt2`` file and ``torch.export.load``.
 
 :func:`check_archive` reads the archive's bytes and raises :class:`Refused` (the entry and a phrase saying what it
-holds) unless the archive holds only what ``torch.export.save`` writes for a plain model. trainwise.exporting turns
-a refusal into one sentence; docs/security.md says what is checked and why.
+holds) unless the archive holds only what ``torch.export.save`` writes for a plain model. The loader (and the
+torch.export writer) turn a refusal into one sentence; docs/security.md says what is checked and why.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Random augmentation in ``__getitem__`` resumes exactly too, at epoch boundaries 
 persistent workers and even with another ``num_workers``, for loaders built by ``seeded_loader`` (or
 ``prepare_loader`` from a shuffled or sequential DataLoader): each sample is loaded with torch's CPU,
 Python's and NumPy's global RNGs seeded from (seed, epoch, position in the epoch), the epoch being read from
-the sampler generator's state that is checkpointed here (``trainwise.seeding.seeded_sampling``).
+the sampler generator's state that is checkpointed here (``trainwise.data.seeding.seeded_sampling``).
 
 Not resumed exactly: with any other loader (its own sampler or batch sampler, a plain DataLoader), randomness
 drawn *inside* worker processes after a resume, because each worker's stream goes on from what it drew

@@ -24,14 +24,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from trainwise.accumulation import accumulation_steps
-from trainwise.batches import count_items
-from trainwise.batches import split_batch as default_split_batch
-from trainwise.checkpoint.loader import ResumableLoader
 from trainwise.config import max_workers
+from trainwise.data.batches import count_items
+from trainwise.data.batches import split_batch as default_split_batch
+from trainwise.data.resumable import ResumableLoader
+from trainwise.data.samplers import Padding, shard_loader
+from trainwise.data.seeding import prepare_loader, rebuild_loader, seeded_loader
 from trainwise.device import pin_memory_default
-from trainwise.distributed import Padding, is_distributed, shard_loader
+from trainwise.distributed import is_distributed
 from trainwise.errors import TrainwiseError
-from trainwise.seeding import prepare_loader, rebuild_loader, seeded_loader
 
 
 def training_loader(
@@ -55,7 +56,7 @@ def training_loader(
     sample on one process. Empty data, too many workers, a replaying IterableDataset and a one-shot iterator
     for several epochs are refused in one sentence. ``drop_last`` drops a short last batch, as a DataLoader's
     does (on several processes: the last batches that do not fill a step of every process, so none pads);
-    ``padding`` is what a process whose shard ran out trains on (``trainwise.distributed.PaddingCollate``)."""
+    ``padding`` is what a process whose shard ran out trains on (``trainwise.data.PaddingCollate``)."""
     loader = _local_loader(data, train=True, batch_size=batch_size, seed=seed, num_workers=num_workers,
                            device=device, epochs=epochs, collate_fn=collate_fn)
     if drop_last:
