@@ -12,7 +12,7 @@ diagnosis) at most 5% of a short job's whole fit.
     python benchmarks/epoch_end.py                 # 10 epochs, 5 timed runs
     python benchmarks/epoch_end.py --epochs 3 --runs 3 --json
 
-It wraps private Trainer methods to time them: the phases are this version's, not an API.
+It wraps private Trainer and run methods to time them: the phases are this version's, not an API.
 """
 
 from __future__ import annotations
@@ -34,27 +34,32 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import overhead  # the small MLP, its data and the Trainer side
 
-PHASES = ("_start", "_train_epoch", "_checkpoint", "_epoch", "_finish", "fit")
+# phase: (where it lives, its name there): the Trainer's loop, and the run it builds and ends (trainwise.run)
+PHASES = {"start": ("trainer", "start_run"), "train_epoch": ("Trainer", "_train_epoch"),
+          "checkpoint": ("Fit", "checkpoint"), "epoch": ("Trainer", "_epoch"), "finish": ("Fit", "finish"),
+          "fit": ("Trainer", "fit")}
 
 
 def _timed_runs(epochs: int, runs: int, clock: Any) -> list[dict[str, float]]:
+    from trainwise import run as run_module
     from trainwise import trainer as trainer_module
 
     spent: collections.defaultdict[str, float] = collections.defaultdict(float)
-    originals = {name: getattr(trainer_module.Trainer, name) for name in PHASES}
+    owners = {"trainer": trainer_module, "Trainer": trainer_module.Trainer, "Fit": run_module.Fit}
+    originals = {phase: (owners[owner], name, getattr(owners[owner], name)) for phase, (owner, name) in PHASES.items()}
 
-    def timed(name: str, original: Any) -> Any:
-        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def timed(phase: str, original: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             started = clock()
             try:
-                return original(self, *args, **kwargs)
+                return original(*args, **kwargs)
             finally:
-                spent[name] += clock() - started
+                spent[phase] += clock() - started
 
         return wrapper
 
-    for name, original in originals.items():
-        setattr(trainer_module.Trainer, name, timed(name, original))
+    for phase, (owner, name, original) in originals.items():
+        setattr(owner, name, timed(phase, original))
     dataset = overhead._data("small", 0)
     results = []
     try:
@@ -67,15 +72,15 @@ def _timed_runs(epochs: int, runs: int, clock: Any) -> list[dict[str, float]]:
                 s = dict(spent)
                 results.append({
                     "fit": s["fit"],
-                    "set-up": s["_start"],
-                    "steps (train epochs)": s["_train_epoch"],
-                    "epoch-end checkpoints": s["_checkpoint"],
-                    "rest of the epoch ends": s["_epoch"] - s["_train_epoch"] - s["_checkpoint"],
-                    "end of the run (curves, trackers, last write)": s["_finish"],
+                    "set-up": s["start"],
+                    "steps (train epochs)": s["train_epoch"],
+                    "epoch-end checkpoints": s["checkpoint"],
+                    "rest of the epoch ends": s["epoch"] - s["train_epoch"] - s["checkpoint"],
+                    "end of the run (curves, trackers, last write)": s["finish"],
                 })
     finally:
-        for name, original in originals.items():
-            setattr(trainer_module.Trainer, name, original)
+        for owner, name, original in originals.values():
+            setattr(owner, name, original)
     return results
 
 

@@ -288,7 +288,7 @@ def test_deterministic_fit_restores_the_global_switches(tmp_path):
 def test_the_bar_shows_the_running_loss_from_the_first_steps(tmp_path, monkeypatch):
     """Before the first log interval the bar gets this process's running values at steps 1, 2, 4, 8... of
     each epoch (a few reads an epoch); plain lines and other ranks read nothing extra."""
-    import trainwise.trainer
+    import trainwise.run
     from trainwise.progress import BarProgress
 
     shown = []
@@ -303,7 +303,7 @@ def test_the_bar_shows_the_running_loss_from_the_first_steps(tmp_path, monkeypat
         def show(self, values):
             shown.append((RecordingBar.advanced, dict(values)))
 
-    monkeypatch.setattr(trainwise.trainer, "make_progress", lambda mode, stream=None: RecordingBar(io.StringIO()))
+    monkeypatch.setattr(trainwise.run, "make_progress", lambda mode, stream=None: RecordingBar(io.StringIO()))
     result = _trainer(tmp_path, epochs=2, batch_size=4, log_every=10).fit(nn.Linear(8, 4), _data())
     assert result.steps == 32  # 16 windows an epoch
     # windows 1, 2, 4, 8 of each epoch, and the log interval every 10 (window 20 is both)

@@ -184,6 +184,22 @@ class RunFolder:
                 artifacts = [*artifacts, final_weights(self.file(FINAL_WEIGHTS))]
             self.log.finish(status, artifacts)
 
+    def draw_curves(self, history: list[dict[str, Any]], *, monitor: str, best_epoch: int | None,
+                    overfitting_epoch: int | None, format: str) -> Path | None:
+        """The learning curves of ``history``: an SVG written directly (a few milliseconds), or a PNG through
+        matplotlib (None, said once, when it is not installed)."""
+        from trainwise.plots import PLOT_HINT, plot_learning_curves, write_learning_curves_svg
+
+        curves = {"history": history, "monitor": monitor, "best_epoch": best_epoch,
+                  "overfitting_epoch": overfitting_epoch}
+        if format == "svg":
+            return write_learning_curves_svg(path=self.file(CURVES_SVG), **curves)
+        try:
+            return plot_learning_curves(path=self.file(CURVES_PNG), **curves)
+        except ImportError:
+            self.say(PLOT_HINT)
+            return None
+
     def close(self) -> None:
         """Close the progress display and the log (the records written so far are on disk)."""
         try:

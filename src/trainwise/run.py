@@ -1,0 +1,446 @@
+"""One ``fit`` as an object: what the run holds besides the checkpointed :class:`RunState`, how it is built
+from a Trainer's options (model placed, optimizer, loaders, run folder, resume, the step, guards, callbacks),
+and how it ends (best weights, curves, the end record, every file closed, the process group left).
+
+The Trainer's loop (:mod:`trainwise.trainer`) runs it; the policies (:mod:`trainwise.policies`) see it as
+``state.fit``. Package-internal: the public face is ``Trainer.fit`` and the primitives it calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import time
+from typing import Any
+
+import torch
+
+from trainwise._version import __version__
+from trainwise.accumulation import GradientAccumulator
+from trainwise.callbacks import CallbackList, TrainingState
+from trainwise.checkpoint.compat import FACTS_KEY, run_facts
+from trainwise.checkpoint.manager import CheckpointManager, latest_in
+from trainwise.checkpoint.resume import LoopCounters, RunState, resume
+from trainwise.checkpoint.training import finish_checkpoint_writes, save_training_checkpoint
+from trainwise.checkpoint.weights import save_weights
+from trainwise.config import TrainerConfig
+from trainwise.data.loaders import StreamCheck, evaluation_loader, training_loader, window_steps
+from trainwise.data.samplers import padding_for
+from trainwise.device import resolve_device, resolve_precision
+from trainwise.diagnosis import OverfittingReport
+from trainwise.early_stopping import EarlyStopping, best_epoch, metric_mode
+from trainwise.errors import TrainwiseError
+from trainwise.freezing import pin_frozen_norm_layers
+from trainwise.guards.core import Guard, GuardFinding
+from trainwise.guards.loss import NonFiniteLossGuard, check_finite_everywhere
+from trainwise.guards.registry import all_check_classes
+from trainwise.interrupts import StepBoundaryInterrupt
+from trainwise.metrics import MetricSet
+from trainwise.oom import AdaptiveMicroBatches, check_auto_loader
+from trainwise.optimizers import build_optimizer, build_scheduler
+from trainwise.policies import (
+    EarlyStop,
+    LogCadence,
+    OverfittingWatch,
+    PeriodicCheckpoint,
+    PlateauStep,
+    UnfreezeSchedule,
+)
+from trainwise.progress import make_progress
+from trainwise.results import FitResult
+from trainwise.run_folder import BEST_WEIGHTS, RunFolder
+from trainwise.runlog import RunLock, open_run
+from trainwise.seeding import seed_everything
+from trainwise.step import TrainStep
+from trainwise.strategy import SingleProcess, connect
+from trainwise.tracking import TrackedLog, open_loggers
+
+# The guards' codes this loop rules out itself: it zeroes the gradients every step (TW105), scales float16 with a
+# GradScaler (TW109) and moves every batch to the model's device (TW112).
+RULED_OUT_BY_THE_LOOP = frozenset({"TW105", "TW109", "TW112"})
+# The forward-time checks watch one optimizer step in this many: the mistakes they catch repeat on every step,
+# and hooking every forward costs about 4% of a millisecond step. Callbacks' forwards are all watched.
+GUARD_FORWARD_EVERY = 8
+
+
+@dataclasses.dataclass(eq=False)
+class Fit:
+    """What one ``fit`` holds besides the checkpointed :class:`RunState`; the policies see the run through it."""
+
+    options: TrainerConfig
+    state: RunState
+    strategy: SingleProcess
+    lock: RunLock
+    folder: RunFolder
+    eval_model: torch.nn.Module
+    val_loader: Any
+    precision: Any
+    guard: NonFiniteLossGuard  # every loss, checked at log intervals and checkpoints
+    stream: StreamCheck
+    config: dict[str, Any]  # the options and run facts every checkpoint records
+    step: TrainStep | None = None
+    manager: CheckpointManager | None = None  # rank 0's checkpoints
+    callbacks: CallbackList | None = None
+    guard_hooks: Guard | None = None
+    interrupt: StepBoundaryInterrupt = dataclasses.field(default_factory=lambda: StepBoundaryInterrupt(enabled=False))
+    started: float = 0.0
+    latest: dict[str, float] = dataclasses.field(default_factory=dict)  # the newest values read from the device
+    epoch: int = 0  # the epoch training is in (or last was in)
+    resumed_step: int | None = None
+    checkpoint_step: int = -1
+    saved: bool = False  # an interrupt or preemption saved a checkpoint at its step
+    stopped: str = "completed"  # completed, interrupted, preempted or nonfinite
+    stopped_early: bool = False
+    message: str = ""
+    ended: bool = False  # callbacks and trackers were told the end state
+
+    @property
+    def counters(self) -> LoopCounters:
+        return self.state.counters
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self.state.accumulator.optimizer_steps
+
+    def checkpoint(self, *, metric: float | None = None) -> None:
+        """Save the full state at an optimizer-step boundary, never after a non-finite loss."""
+        if not self.options.checkpoints:
+            return
+        if self.options.nonfinite == "stop":
+            check_finite_everywhere(self.guard, self.optimizer_steps)
+        self.counters.accuracy = self.step.counts_accuracy
+        with self.interrupt.held():  # a Ctrl-C inside torch.save would break the file being written
+            save_training_checkpoint(self.manager, self.state.entries(), step=self.optimizer_steps, metric=metric,
+                                     config=self.config, run_dir=self.folder.run_dir,
+                                     background=True)  # fsync and pruning overlap the next epoch
+        self.checkpoint_step = self.optimizer_steps
+
+    def report_halvings(self) -> None:
+        """batch_size='auto' ran out of memory: said once per halving; checkpoints keep the new size."""
+        for old, new in self.step.take_halvings():
+            effective = self.options.effective_batch
+            step, parts = self.step.splitter.step + 1, -(-effective // new)  # the window's step
+            message = (f"OOM at micro-batch {old} in step {step}: continuing with {new} x {parts}, effective batch "
+                       f"{effective} unchanged.")
+            self.counters.micro_batch = new
+            self.folder.announce("oom", message, step=step, micro_batch_before=old, micro_batch=new,
+                                 micro_batches=parts, message=message)
+
+    # -- the end -------------------------------------------------------------------------------------
+
+    def finish(self, *, restore_best: bool = True) -> FitResult:
+        """Restore the best weights (early stopping), find the best epoch, draw the curves, end the run."""
+        cfg, history, stopper = self.options, self.counters.history, self.state.early_stopping
+        best, value = best_epoch(history, cfg.monitor, cfg.mode)
+        if restore_best and stopper is not None and stopper.best_epoch is not None:
+            best, value = stopper.best_epoch, stopper.best_value
+            if stopper.restore(self.state.model) is not None and best != len(history):
+                self.folder.say(f"restored the weights of epoch {best} ({cfg.monitor} {value:.6g}).")
+        overfitting = OverfittingReport(**self.counters.overfitting) if self.counters.overfitting else None
+        plot = None
+        if cfg.plot and history and self.strategy.is_main:
+            plot = self.folder.draw_curves(history, monitor=cfg.monitor, best_epoch=best, format=cfg.plot_format,
+                                           overfitting_epoch=overfitting.onset_epoch if overfitting else None)
+        status = {"interrupted": "interrupted", "preempted": "preempted", "nonfinite": "failed"}.get(
+            self.stopped, "stopped_early" if self.stopped_early else "finished")
+        try:
+            self.end(status, artifacts=[plot] if plot else [])
+        except BaseException:  # an on_fit_end that raised: the run is closed first (checkpoint whole, hooks off)
+            self.close(failing=True)
+            raise
+        self.close(check=self.stopped == "completed")  # the guards' last check, then every hook removed
+        return FitResult(
+            history=history, run_dir=self.folder.run_dir, steps=self.optimizer_steps,
+            seconds=time.perf_counter() - self.started, stopped=self.stopped, device=str(self.strategy.device),
+            precision=self.precision.name, message=self.message, best_epoch=best, best_value=value,
+            stopped_early=self.stopped_early, overfitting=overfitting, plot=plot, model=self.state.model,
+        )
+
+    def end(self, status: str, *, artifacts: list[Any], error: BaseException | None = None) -> None:
+        """Tell the callbacks (``on_fit_end``), the log and the trackers how the run ended (trackers also get the
+        curves and the final weights). An ``on_fit_end`` that raises makes the run ``failed``, the log naming the
+        callback; its error is raised once the log and the trackers have been told."""
+        if self.ended:
+            return
+        self.ended = True
+        raised: BaseException | None = None
+        record: dict[str, Any] = {"kind": "end", "status": status, "step": self.optimizer_steps}
+        if self.callbacks is not None:
+            self.callbacks.state.status = status
+            try:
+                self.callbacks.fire_naming("on_fit_end")
+            except BaseException as exc:
+                raised, status, error = exc, "failed", error or exc
+                record.update(status=status, callback=getattr(exc, "trainwise_callback", "a callback"))
+        if error is not None:
+            record["error"] = f"{type(error).__name__}: {error}"[:500]
+        final = status != "failed" and not self.strategy.sharded  # FSDP's weights are sharded over processes
+        self.folder.finish(status, record, artifacts=artifacts,
+                           final_weights=functools.partial(save_weights, self.state.model) if final else None)
+        if raised is not None:
+            raise raised
+
+    def close(self, *, check: bool = False, failing: bool = False) -> None:
+        """Finish the last checkpoint write, remove the guards, close the progress display and the log; while
+        another error propagates (``failing``), a failed checkpoint write is reported, not raised over it."""
+        if failing and not self.ended:
+            try:
+                self.end("failed", artifacts=[], error=sys.exc_info()[1])
+            except Exception as exc:  # the error already propagating is the one to see
+                self.folder.say(f"on_fit_end failed too: {type(exc).__name__}: {exc}")
+        try:
+            try:
+                finish_checkpoint_writes(self.manager)  # the last checkpoint is on disk when fit returns or raises
+            except TrainwiseError as exc:
+                if not failing:
+                    raise
+                self.folder.say(str(exc))
+            finally:
+                if self.guard_hooks is not None:
+                    self.guard_hooks.close(check=check)
+        finally:
+            self.folder.close()
+
+    def release(self) -> None:
+        """Free the run folder for the next writer and leave a process group this fit joined, after letting go of
+        the DDP/compiled wrappers: a traceback's frames may still hold this run, and a wrapper that outlives its
+        group into interpreter exit aborts gloo."""
+        self.lock.release()
+        if self.step is not None:
+            self.step.model = None
+            if self.step.splitter is not None:
+                self.step.splitter.model = None
+        self.guard_hooks, self.eval_model = None, self.state.model
+        self.strategy.close()
+
+    def latest_checkpoint(self) -> str | None:
+        """The newest complete checkpoint (rank 0 lists them; another process names the step it saved)."""
+        if self.manager is not None:
+            try:
+                latest = self.manager.latest()
+                return None if latest is None else str(latest)
+            except (OSError, TrainwiseError):
+                return None
+        step = self.checkpoint_step if self.checkpoint_step >= 0 else self.resumed_step
+        return None if step is None else f"the one of step {step} in {self.folder.run_dir}"
+
+
+# -- building a run from a Trainer's options ----------------------------------------------------------------
+
+
+def start_run(trainer: Any, model: Any, train_data: Any, val_data: Any) -> Fit:
+    """The run ``trainer.fit(model, train_data, val_data)`` trains; what it had taken (the run folder's lock, a
+    process group) is let go if building it fails, a lost process said in one sentence."""
+    builder = _Builder(trainer)
+    try:
+        return builder.build(model, train_data, val_data)
+    except BaseException as exc:
+        lost = builder.strategy.lost_process(exc, checkpoint=latest_in(builder.cfg.run_dir),
+                                             timeout=builder.cfg.dist_timeout)
+        builder.lock.release()
+        builder.strategy.close()
+        if lost is not None:
+            raise lost from None
+        raise
+
+
+class _Builder:
+    """The set-up of one run, in the order a person would write it: model, processes, optimizer, data, the
+    run folder, resume, the step, guards, callbacks."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer, self.cfg = trainer, trainer.config
+        self.strategy = SingleProcess(torch.device("cpu"))  # until connect(): under torchrun, DDP or FSDP
+        self.lock = RunLock(".")  # until the run folder is opened
+
+    def build(self, model: Any, train_data: Any, val_data: Any) -> Fit:
+        cfg, trainer, started = self.cfg, self.trainer, time.perf_counter()
+        model, precision, notes = self._place_model(model)
+        strategy, device = self.strategy, self.strategy.device
+        optimizer = build_optimizer(model, trainer.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                    lr_by_pattern=cfg.lr_by_pattern, check_coverage=cfg.guards == "off")
+        scheduler = build_scheduler(trainer.scheduler, optimizer)
+        plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        train_loader, val_loader = self._loaders(model, train_data, val_data, device)
+        auto = cfg.batch_size == "auto"  # each batch of effective_batch samples is one window, split as it fits
+        accumulator = GradientAccumulator(
+            optimizer, steps=1 if auto else window_steps(train_loader, effective_batch=cfg.effective_batch,
+                                                         steps=cfg.accumulation_steps, split=trainer.split_batch),
+            scheduler=None if plateau else scheduler, scaler=precision.make_scaler(),
+            max_grad_norm=cfg.max_grad_norm, skip_nonfinite=cfg.nonfinite == "skip", distributed=strategy.enabled)
+        forward_model, eval_model = strategy.wrap(model, compile=cfg.compile)
+        state = RunState(model=model, optimizer=optimizer, accumulator=accumulator, loader=train_loader,
+                         metrics=MetricSet(device), scheduler=scheduler)
+        facts = run_facts(model=model, optimizer=optimizer, scheduler=scheduler, loader=train_loader,
+                          window=accumulator.steps, precision=precision.name, world_size=strategy.world_size,
+                          loss_fn=trainer.loss_fn)
+        folder = self._open_folder(precision)  # the lock taken
+        fit = Fit(options=cfg, state=state, strategy=strategy, lock=self.lock, folder=folder, eval_model=eval_model,
+                  val_loader=val_loader, precision=precision, started=started, stream=StreamCheck(train_loader),
+                  guard=NonFiniteLossGuard(device, model=model if cfg.nonfinite == "stop" else None),
+                  config={**cfg.to_dict(), FACTS_KEY: facts})  # built once: every checkpoint records it
+        self._keep(fit)
+        for note in notes:  # the device line is printed only: config.json records the device and precision
+            if not note.pop("shown", False):
+                fit.folder.announce("note", note["message"] if "norm_layers" in note else None, **note)
+            else:
+                fit.folder.say(note["message"])
+        policies = self._policies(fit, plateau=scheduler if plateau else None)
+        unfreeze = next((p for p in policies if isinstance(p, UnfreezeSchedule)), None)
+        fit.resumed_step = resume(state, cfg.resume, fit.folder, config=cfg.to_dict(), facts=facts,
+                                  mismatch=cfg.resume_mismatch, sharded=strategy.sharded, is_main=strategy.is_main,
+                                  before_restore=unfreeze and functools.partial(_replay, unfreeze, state))
+        if fit.guard.model is not None:
+            fit.guard.keep(accumulator.optimizer_steps)  # a NaN before the first check returns the model here
+        fit.folder.log.begin()  # compared first, written after: a refused resume has left the folder as it was
+        splitter = None
+        if auto:
+            splitter = AdaptiveMicroBatches(fit.counters.micro_batch or cfg.effective_batch,
+                                            distributed=strategy.enabled, model=forward_model)
+        fit.step = TrainStep(forward_model, accumulator, trainer.forward_function(precision, device), state.metrics,
+                             accuracy=cfg.accuracy, ignore_index=cfg.ignore_index, stream=fit.stream,
+                             skip_nonfinite=cfg.nonfinite == "skip", splitter=splitter,
+                             loss_guard=fit.guard if cfg.nonfinite == "stop" else None,
+                             counts_accuracy=fit.counters.accuracy)
+        if fit.counters.stopped_early:
+            fit.stopped_early = True
+            fit.folder.say(f"the run had stopped early at epoch {fit.counters.epoch - 1}; nothing to train (start "
+                           "another run_dir to train again).")
+        self._install_guards(fit, forward_model)
+        self._open_callbacks(fit, policies)
+        return fit
+
+    def _place_model(self, model: Any) -> tuple[torch.nn.Module, Any, list[dict[str, Any]]]:
+        """Seed, build the model (a factory) or take it, join the processes, move it to its device, keep frozen
+        norm layers in eval, shard it (FSDP); the notes say what the log should know."""
+        cfg, notes = self.cfg, []
+        seed_everything(cfg.seed, deterministic=cfg.deterministic)
+        if isinstance(model, torch.nn.Module):
+            notes.append({"message": "the model was built before fit(), so its initial weights come from the "
+                          "caller's RNG; pass a function that builds it for weights set by seed."})
+        else:
+            built = model()
+            if not isinstance(built, torch.nn.Module):
+                name = getattr(model, "__name__", type(model).__name__)
+                raise TrainwiseError(f"the model factory {name} returned a {type(built).__name__}, not a "
+                                     "torch.nn.Module.")
+            model = built
+        choice = resolve_device(cfg.device)
+        self.strategy = connect(cfg.distributed, choice.device, timeout=cfg.dist_timeout)  # torchrun: join
+        self.strategy.check(unfreeze_at=cfg.unfreeze_at, auto_batch=cfg.batch_size == "auto")
+        device = self.strategy.device
+        model.to(device)
+        # requires_grad_(False) alone leaves BatchNorm updating its statistics in train mode: pinned in eval
+        pinned = [] if cfg.train_norm_stats else pin_frozen_norm_layers(model)
+        if pinned:
+            names = ", ".join(pinned[:3]) + (", ..." if len(pinned) > 3 else "")
+            notes.append({"message": f"kept {len(pinned)} norm layer(s) whose parameters are frozen in eval mode "
+                          f"({names}); pass train_norm_stats=True to let them update their running statistics.",
+                          "norm_layers": pinned})
+        self.strategy.place(model)  # FSDP shards here, before the optimizer sees the parameters
+        precision = resolve_precision(cfg.precision, device)
+        notes.append({"message": f"training on {device} ({choice.reason}) in {precision.name} ({precision.reason})",
+                      "shown": True})
+        return model, precision, notes
+
+    def _loaders(self, model: torch.nn.Module, train_data: Any, val_data: Any, device: torch.device) -> tuple[Any, Any]:
+        """The training loader (seeded, sharded under torchrun, resumable) and the evaluation one."""
+        cfg = self.cfg
+        batch_size = cfg.effective_batch if cfg.batch_size == "auto" else cfg.batch_size
+        options = {"seed": cfg.seed, "num_workers": cfg.num_workers, "device": device,
+                   "shard": self.strategy.enabled, "collate_fn": self.trainer.collate_fn}
+        # a process whose shard ran out pads with real samples weighted 0 (docs/distributed.md, Ragged shards)
+        train = training_loader(train_data, batch_size=batch_size, epochs=cfg.epochs, drop_last=cfg.drop_last,
+                                padding=padding_for(model), **options)
+        if cfg.batch_size == "auto":
+            check_auto_loader(train, cfg.effective_batch)
+        val = None if val_data is None else evaluation_loader(val_data, batch_size=cfg.eval_batch_size or batch_size,
+                                                               **options)
+        return train, val
+
+    def _open_folder(self, precision: Any) -> RunFolder:
+        """Name, lock and log the run folder (rank 0 writes; the start record and config.json wait for the
+        resume's comparison) with its progress display."""
+        cfg = self.cfg
+        path, self.lock, log = open_run(cfg.run_dir, self._params(precision), resume=cfg.resume,
+                                        overwrite=cfg.overwrite, deferred=True)
+        return RunFolder(path).attach(log=log, progress=make_progress(cfg.progress if self.strategy.is_main
+                                                                      else "off"))
+
+    def _params(self, precision: Any) -> dict[str, Any]:
+        """config.json's content, and the trackers' hyperparameters."""
+        return {"trainer": self.cfg.to_dict(), "device": str(self.strategy.device), "precision": precision.name,
+                "precision_reason": precision.reason, "trainwise": __version__, "torch": torch.__version__}
+
+    def _keep(self, fit: Fit) -> None:
+        """Rank 0's checkpoints, and the best weights early stopping keeps (in memory, or on disk on rank 0)."""
+        cfg, main = self.cfg, fit.strategy.is_main
+        mode = metric_mode(cfg.monitor) if cfg.mode == "auto" else cfg.mode
+        if cfg.checkpoints and main:
+            fit.manager = CheckpointManager(fit.folder.run_dir, keep_last=cfg.keep_last, monitor=cfg.monitor,
+                                            mode=mode, run_id=fit.folder.log.run_id)
+        if cfg.patience is not None:
+            keep = cfg.keep_best if main else "memory"  # one writer of the best-weights file
+            fit.state.early_stopping = EarlyStopping(
+                cfg.monitor, mode=cfg.mode, patience=cfg.patience, min_delta=cfg.min_delta, keep=keep,
+                path=fit.folder.file(BEST_WEIGHTS) if keep == "disk" else None)
+
+    def _policies(self, fit: Fit, *, plateau: Any) -> list[Any]:
+        """The built-in callbacks this configuration asks for, in the order they run at an event."""
+        cfg = self.cfg
+        policies: list[Any] = [LogCadence(cfg.log_every, check_finite=cfg.nonfinite == "stop")]
+        if cfg.checkpoint_every and cfg.checkpoints:
+            policies.append(PeriodicCheckpoint(cfg.checkpoint_every))
+        if cfg.unfreeze_at:
+            policies.append(UnfreezeSchedule(cfg.unfreeze_at, lr_by_pattern=cfg.lr_by_pattern))
+        if plateau is not None:
+            policies.append(PlateauStep(plateau))
+        if cfg.diagnose:
+            policies.append(OverfittingWatch())
+        if fit.state.early_stopping is not None:
+            policies.append(EarlyStop(fit.state.early_stopping))
+        return policies
+
+    def _install_guards(self, fit: Fit, forward_model: torch.nn.Module) -> None:
+        """The doctor's codes at run time (``guards``), each finding printed and logged once; not the checks
+        this loop rules out, nor TW108 with ``train_norm_stats=True`` (frozen norm layers then update on purpose)."""
+        cfg = self.cfg
+        if cfg.guards == "off":
+            return
+        skipped = RULED_OUT_BY_THE_LOOP | ({"TW108"} if cfg.train_norm_stats else set())
+        codes = [c.code for c in all_check_classes() if c.code not in skipped]
+
+        def found(finding: GuardFinding) -> None:
+            fit.folder.announce("guard", f"guard: {finding}", **dataclasses.asdict(finding))
+
+        try:  # with compile=True the forwards are hooked outside the compiled region: no graph break
+            fit.guard_hooks = Guard(forward_model, fit.state.optimizer, action="raise" if cfg.guards == "raise"
+                                    else "record", check_every=cfg.log_every, on_finding=found, checks=codes,
+                                    forward_every=GUARD_FORWARD_EVERY, other_wrappers=[fit.eval_model])
+        except BaseException:
+            fit.close()
+            raise
+        fit.guard_hooks.step = fit.optimizer_steps
+
+    def _open_callbacks(self, fit: Fit, policies: list[Any]) -> None:
+        """The policies and the user's callbacks with their view of the run; the loggers beside metrics.jsonl."""
+        cfg, trainer = self.cfg, self.trainer
+        try:
+            fit.callbacks = CallbackList(trainer.callbacks, TrainingState(fit, cfg.epochs), policies=policies)
+            if fit.guard_hooks is not None:  # the guards check every forward a callback runs
+                fit.callbacks.context = fit.guard_hooks.watching_forwards
+            if fit.strategy.is_main and (cfg.loggers != ["jsonl"] or trainer.logger_objects):
+                trackers = open_loggers(cfg.loggers, trainer.logger_objects, fit.folder.run_dir,
+                                        resumed_step=fit.resumed_step)
+                fit.folder.log = TrackedLog(fit.folder.log, trackers, on_failure=fit.folder.say)
+                fit.folder.log.each("log_hyperparams", {**self._params(fit.precision), "world_size":
+                                                        fit.strategy.world_size,
+                                                        "accumulation_steps": fit.state.accumulator.steps})
+        except BaseException:
+            fit.close(failing=True)
+            raise
+
+
+def _replay(unfreeze: UnfreezeSchedule, state: RunState, epoch: int, mid_epoch: bool) -> None:
+    unfreeze.replay(state.model, state.optimizer, state.scheduler, epoch=epoch, mid_epoch=mid_epoch)
