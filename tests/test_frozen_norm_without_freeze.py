@@ -10,7 +10,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from trainwise import Trainer, pin_frozen_norm_layers, read_log
+from trainwise import Trainer, read_log
+from trainwise.freezing import pin_frozen_norm_layers
 
 
 class _Net(nn.Module):

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from trainwise import CheckpointManager, StepBoundaryInterrupt, Trainer, read_log
+from trainwise import CheckpointManager, Trainer, read_log
+from trainwise.interrupts import StepBoundaryInterrupt
 
 
 def _data(n=120):

@@ -76,6 +76,6 @@ def test_token_counts_without_a_target_are_refused(tmp_path):
 
 def test_a_dict_batch_without_a_target_names_the_pattern():
     with pytest.raises(TrainwiseError, match=r"no target.*split_batch=lambda batch: \(batch, None\) with loss_fn"):
-        tw.split_batch({"anchor": torch.zeros(2, 6), "positive": torch.zeros(2, 6)})
+        tw.data.split_batch({"anchor": torch.zeros(2, 6), "positive": torch.zeros(2, 6)})
     with pytest.raises(TrainwiseError, match=r"cannot count the samples in a str.*\(batch, None\)"):
-        tw.count_items("not a target")
+        tw.data.count_items("not a target")

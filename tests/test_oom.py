@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from trainwise import AdaptiveMicroBatches, GradientAccumulator, Trainer, TrainwiseError, read_log
-from trainwise.oom import is_out_of_memory
+from trainwise import GradientAccumulator, Trainer, TrainwiseError, read_log
+from trainwise.oom import AdaptiveMicroBatches, is_out_of_memory
 
 
 def _data(n=200):

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from trainwise import GradientAccumulator, Trainer, TrainwiseError, call_model, mark_last, split_batch
-from trainwise.data import model_loss_and_logits
+from trainwise import GradientAccumulator, Trainer, TrainwiseError, mark_last
+from trainwise.data import call_model, model_loss_and_logits, split_batch
 
 FEATURES, CLASSES, TOKENS, VOCAB = 6, 3, 5, 7
 

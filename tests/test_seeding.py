@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset, random_split
 
-from trainwise import TrainwiseError, prepare_loader, seed_everything, seeded_loader
-from trainwise.data import SeededDataset
+from trainwise import TrainwiseError, seed_everything
+from trainwise.data import SeededDataset, prepare_loader, seeded_loader
 
 
 @pytest.fixture(autouse=True)

@@ -23,19 +23,39 @@ def test_cli_parser_does_not_import_torch():
     assert out.strip() == "False"
 
 
-def test_type_checking_imports_match_the_lazy_exports():
-    import ast
-    from pathlib import Path
+def test_the_top_level_is_small_and_every_name_is_where_its_list_says():
+    import importlib
 
     import trainwise
 
-    tree = ast.parse(Path(trainwise.__file__).read_text())
-    guarded = {
-        alias.name: node.module
-        for block in tree.body
-        if isinstance(block, ast.If) and getattr(block.test, "id", "") == "TYPE_CHECKING"
-        for node in block.body
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
-    }
-    assert guarded == trainwise._EXPORTS
+    names = trainwise.__all__
+    assert len(names) <= 50 and len(set(names)) == len(names)
+    for name in names[1:]:  # each resolves to the object of the module its TYPE_CHECKING import names
+        assert getattr(trainwise, name) is getattr(importlib.import_module(trainwise._exports()[name]), name)
+    assert sorted(dir(trainwise)) == sorted(names)
+
+
+def test_a_moved_name_still_works_with_a_warning_naming_its_namespace():
+    import pytest
+
+    import trainwise
+    from trainwise.data import seed_worker
+
+    with pytest.warns(DeprecationWarning, match=r"trainwise\.seed_worker moved to trainwise\.data\.seed_worker"):
+        assert trainwise.seed_worker is seed_worker
+    for name, module in trainwise._MOVED.items():  # every moved name exists in the namespace it names
+        assert name not in trainwise.__all__
+        assert hasattr(__import__(module, fromlist=[name]), name), (name, module)
+
+
+def test_namespaces_load_on_first_use_and_a_typo_is_an_attribute_error():
+    import pytest
+
+    code = ("import sys, trainwise; assert 'torch' not in sys.modules; import trainwise as tw; "
+            "tw.checkpoint; assert 'torch' not in sys.modules; print(tw.data.seeded_loader.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "trainwise.data.seeding"
+    import trainwise
+
+    with pytest.raises(AttributeError, match="no attribute 'Trainr'"):
+        trainwise.Trainr  # noqa: B018

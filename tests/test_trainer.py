@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainwise import NonFiniteLossError, Trainer, TrainwiseError, UnoptimizedParameterWarning
+from trainwise import NonFiniteLossError, Trainer, TrainwiseError
 from trainwise.demo import run_demo
+from trainwise.guards import UnoptimizedParameterWarning
 from trainwise.runlog import read_log
 
 

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from trainwise import GradientAccumulator, seed_everything, seeded_loader
+from trainwise import GradientAccumulator, seed_everything
 from trainwise.checkpoint import CheckpointManager, load_checkpoint
-from trainwise.data import ResumableLoader
+from trainwise.data import ResumableLoader, seeded_loader
 
 EPOCHS = 3
 SAMPLES = 52  # 7 batches of 8 (the last has 4): windows of 2, 2, 2, 1 -> 4 optimizer steps per epoch

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainwise import TrainwiseError, get_rng_state, load_checkpoint, save_checkpoint
+from trainwise import TrainwiseError, load_checkpoint, save_checkpoint
+from trainwise.seeding import get_rng_state
 
 
 def _live_state():

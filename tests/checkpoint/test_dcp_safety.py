@@ -32,10 +32,11 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.utils.data import TensorDataset
 
-from trainwise import Trainer, TrainwiseError, sharded_to_single_file
+from trainwise import Trainer, TrainwiseError
 from trainwise.checkpoint import CheckpointManager
 from trainwise.checkpoint.io import atomic_torch_save
 from trainwise.checkpoint.state import read_checkpoint
+from trainwise.distributed import sharded_to_single_file
 
 
 class _Call:

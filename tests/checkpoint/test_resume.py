@@ -11,8 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from trainwise import seeded_loader
-from trainwise.data import ResumableLoader
+from trainwise.data import ResumableLoader, seeded_loader
 
 HERE = Path(__file__).parent
 

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from trainwise import Trainer, seed_everything, seeded_loader
-from trainwise.data import ResumableLoader
+from trainwise import Trainer, seed_everything
+from trainwise.data import ResumableLoader, seeded_loader
 from trainwise.seeding import get_rng_state, set_rng_state
 
 SAMPLES, BATCH = 24, 4  # 6 batches an epoch

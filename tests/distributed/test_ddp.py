@@ -110,7 +110,7 @@ def test_killed_rank_makes_the_other_exit_within_the_timeout(tmp_path: Path) -> 
 
 def test_fsdp_shards_train_like_one_process_and_convert_to_one_file(single: dict, tmp_path: Path) -> None:
     """FSDP2 fully_shard runs on CPU with gloo in this torch; the sharded checkpoint converts to one file."""
-    from trainwise import sharded_to_single_file
+    from trainwise.distributed import sharded_to_single_file
 
     run = tmp_path / "run"
     _torchrun(str(tmp_path / "fsdp2.pt"), str(run), "--mode", "fsdp", "--epochs", "2")

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from ragged_common import Indexed, N, Recorder, init, launch, trainer_options, weights
 from torch.nn.parallel import DistributedDataParallel
 
-from trainwise import GradientAccumulator, Trainer, forward_micro_batch, seeded_loader
-from trainwise.data import set_sampler_epoch, shard_loader
+from trainwise import GradientAccumulator, Trainer, forward_micro_batch
+from trainwise.data import seeded_loader, set_sampler_epoch, shard_loader
 from trainwise.errors import TrainwiseError
 
 EPOCHS = 3

@@ -52,7 +52,7 @@ def test_a_mistake_that_repeats_is_found_with_forward_every():
                 kept.append(loss)  # the mistake: every step's graph stays alive
     assert [f.code for f in guard.findings] == ["TW102"]
     assert guard.findings[0].step == 3  # the forward before step 1 is watched: seen after step 3, as with k=1
-    assert any(issubclass(w.category, tw.GuardWarning) for w in caught)
+    assert any(issubclass(w.category, tw.guards.GuardWarning) for w in caught)
 
 
 def test_watching_forwards_checks_every_forward_inside_and_restores_the_schedule():

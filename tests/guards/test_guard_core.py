@@ -31,7 +31,7 @@ def test_a_module_attribute_requires_grad_is_reported_once_with_its_name():
         warnings.simplefilter("always")
         with tw.guard(model, optimizer, check_every=1) as guard:
             _train(model, optimizer)
-    found = [w.message for w in caught if isinstance(w.message, tw.GuardWarning)]
+    found = [w.message for w in caught if isinstance(w.message, tw.guards.GuardWarning)]
     assert [(f.code, f.where) for f in guard.findings] == [("TW110", "0")]
     assert len(found) == 1 and found[0].code == "TW110" and found[0].where == "0"
     assert "requires_grad_(False)" in str(found[0]) and "--explain TW110" in str(found[0])
@@ -42,7 +42,7 @@ def test_the_corrected_loop_gets_nothing():
     model[0].requires_grad_(False)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", tw.GuardWarning)
+        warnings.simplefilter("error", tw.guards.GuardWarning)
         with tw.guard(model, optimizer) as guard:
             _train(model, optimizer)
     assert guard.findings == []
@@ -51,7 +51,7 @@ def test_the_corrected_loop_gets_nothing():
 def test_raise_and_unknown_codes():
     model = _model()
     model.requires_grad = False
-    with pytest.raises(tw.GuardError) as caught:
+    with pytest.raises(tw.guards.GuardError) as caught:
         tw.guard(model, action="raise")
     assert caught.value.code == "TW110" and caught.value.where == "(the model)"
     with pytest.raises(tw.TrainwiseError, match="no runtime guard has code 'TW999'"):

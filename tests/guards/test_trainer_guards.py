@@ -33,7 +33,7 @@ def test_findings_go_to_the_log_once(tmp_path):
 
 
 def test_raise_stops_the_run_with_the_finding(tmp_path):
-    with pytest.raises(tw.GuardError) as caught:
+    with pytest.raises(tw.guards.GuardError) as caught:
         _fit(tmp_path, guards="raise")
     assert caught.value.code == "TW110"
 

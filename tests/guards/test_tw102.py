@@ -34,7 +34,7 @@ def guarded(loop: Callable[..., object], *, action: str = "warn", steps: int = 8
         warnings.simplefilter("always")
         with trainwise.guard(model, optimizer, action=action, checks=["TW102"]) as guard:
             loop(model, optimizer, data[:steps])
-    return guard, [w for w in caught if issubclass(w.category, trainwise.GuardWarning)]
+    return guard, [w for w in caught if issubclass(w.category, trainwise.guards.GuardWarning)]
 
 
 def step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -132,7 +132,7 @@ def test_message_counts_the_kept_graphs() -> None:
 
 
 def test_raise_action_raises_at_the_step() -> None:
-    with pytest.raises(trainwise.GuardError) as info:
+    with pytest.raises(trainwise.guards.GuardError) as info:
         guarded(list_append, action="raise")
     assert info.value.code == "TW102" and info.value.step == 3
 
@@ -160,7 +160,7 @@ def test_eval_forwards_are_left_to_tw104() -> None:
 
     model, optimizer, data = make()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", trainwise.GuardWarning)
+        warnings.simplefilter("ignore", trainwise.guards.GuardWarning)
         with trainwise.guard(model, optimizer, checks=["TW102", "TW104"]) as guard:
             loop(model, optimizer, data)
     assert [f.code for f in guard.findings] == ["TW104"]
@@ -199,7 +199,7 @@ def test_structured_outputs_are_tagged_and_unchanged(kind: str) -> None:
     x = torch.randn(4, 8)
     kept = []
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", trainwise.GuardWarning)
+        warnings.simplefilter("ignore", trainwise.guards.GuardWarning)
         with trainwise.guard(model, optimizer, checks=["TW102"]) as guard:
             for _ in range(4):
                 out = model(x)
@@ -235,7 +235,7 @@ def test_a_kept_second_output_is_found() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     data = [(torch.randn(4, 8), torch.randint(0, 3, (4,))) for _ in range(5)]
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", trainwise.GuardWarning)
+        warnings.simplefilter("ignore", trainwise.guards.GuardWarning)
         with trainwise.guard(model, optimizer, checks=["TW102"]) as guard:
             loop(model, optimizer, data)
     assert [(f.code, f.step) for f in guard.findings] == [("TW102", 3)]

@@ -52,17 +52,17 @@ def _calls_eval(model: nn.Module) -> None:
 @pytest.mark.parametrize("no_grad", [torch.no_grad, torch.inference_mode])
 def test_an_evaluation_in_train_mode_is_one_finding_naming_the_first_module(no_grad: Callable[[], object]) -> None:
     model = _model()
-    with pytest.warns(trainwise.GuardWarning) as record, _guard(model) as guard:
+    with pytest.warns(trainwise.guards.GuardWarning) as record, _guard(model) as guard:
         _fit(model, guard, evaluate=_forgot_eval, no_grad=no_grad)
     assert [(f.code, f.where, f.step) for f in guard.findings] == [("TW103", "1", 3)]
     assert "model.eval()" in guard.findings[0].message and "1 more" in guard.findings[0].message
-    assert [w.message.code for w in record if isinstance(w.message, trainwise.GuardWarning)] == ["TW103"]
+    assert [w.message.code for w in record if isinstance(w.message, trainwise.guards.GuardWarning)] == ["TW103"]
 
 
 def test_action_raise_stops_the_evaluation_forward() -> None:
     model = _model()
     guard = _guard(model, action="raise")
-    with pytest.raises(trainwise.GuardError) as error:
+    with pytest.raises(trainwise.guards.GuardError) as error:
         _fit(model, guard, evaluate=_forgot_eval)
     guard.close()
     assert (error.value.code, error.value.where) == ("TW103", "1")
@@ -71,7 +71,7 @@ def test_action_raise_stops_the_evaluation_forward() -> None:
 def test_the_corrected_loop_is_silent() -> None:
     model = _model()
     with warnings.catch_warnings():
-        warnings.simplefilter("error", trainwise.GuardWarning)
+        warnings.simplefilter("error", trainwise.guards.GuardWarning)
         with _guard(model) as guard:
             _fit(model, guard, evaluate=_calls_eval)
     assert guard.findings == []
@@ -80,7 +80,7 @@ def test_the_corrected_loop_is_silent() -> None:
 def test_a_later_evaluation_in_train_mode_is_found_too() -> None:
     model = _model()
     epochs = iter([_calls_eval, _forgot_eval])
-    with pytest.warns(trainwise.GuardWarning), _guard(model) as guard:
+    with pytest.warns(trainwise.guards.GuardWarning), _guard(model) as guard:
         _fit(model, guard, evaluate=lambda m: next(epochs)(m))
     assert [(f.code, f.where, f.step) for f in guard.findings] == [("TW103", "1", 6)]
 
@@ -121,7 +121,8 @@ def test_a_no_grad_teacher_in_eval_during_training_is_silent() -> None:
 
 def test_without_an_optimizer_the_first_evaluation_is_checked() -> None:
     model = _model()
-    with pytest.warns(trainwise.GuardWarning), trainwise.guard(model, checks=["TW103"]) as guard, torch.no_grad():
+    with pytest.warns(trainwise.guards.GuardWarning), trainwise.guard(model, checks=["TW103"]) as guard, \
+            torch.no_grad():
         model(torch.randn(8, 4))
     assert [(f.code, f.where) for f in guard.findings] == [("TW103", "1")]
 
@@ -129,6 +130,6 @@ def test_without_an_optimizer_the_first_evaluation_is_checked() -> None:
 def test_dropout_inside_a_recurrent_layer_counts_and_the_root_is_named() -> None:
     torch.manual_seed(0)
     lstm = nn.LSTM(4, 8, num_layers=2, dropout=0.2)
-    with pytest.warns(trainwise.GuardWarning), trainwise.guard(lstm, checks=["TW103"]) as guard, torch.no_grad():
+    with pytest.warns(trainwise.guards.GuardWarning), trainwise.guard(lstm, checks=["TW103"]) as guard, torch.no_grad():
         lstm(torch.randn(3, 2, 4))
     assert [(f.code, f.where) for f in guard.findings] == [("TW103", "(the model)")]

@@ -32,7 +32,7 @@ def guarded(loop: Callable[..., object], *, action: str = "warn", adamw: bool = 
         with trainwise.guard(model, optimizer, action=action, checks=["TW104"]) as guard:
             kept = loop(model, optimizer, data)  # what the loop returns stays alive until the guard closes
         del kept
-    return guard, [w for w in caught if issubclass(w.category, trainwise.GuardWarning)]
+    return guard, [w for w in caught if issubclass(w.category, trainwise.guards.GuardWarning)]
 
 
 def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, data: list) -> None:
@@ -164,7 +164,7 @@ def test_reported_as_soon_as_known(loop: Callable[..., None], step: int) -> None
 
 
 def test_raise_action_raises() -> None:
-    with pytest.raises(trainwise.GuardError) as info:
+    with pytest.raises(trainwise.guards.GuardError) as info:
         guarded(eval_with_grad, action="raise")
     assert info.value.code == "TW104"
 

@@ -23,10 +23,10 @@ def _loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> t
     return torch.nn.functional.mse_loss(model(x), y)
 
 
-def _silent(loop) -> list[trainwise.GuardFinding]:
+def _silent(loop) -> list[trainwise.guards.GuardFinding]:
     model, optimizer, batches = _setup()
     with warnings.catch_warnings():
-        warnings.simplefilter("error", trainwise.GuardWarning)
+        warnings.simplefilter("error", trainwise.guards.GuardWarning)
         with trainwise.guard(model, optimizer, checks=["TW105"], check_every=2) as guard:
             loop(model, optimizer, batches)
     assert guard.step > 0  # the optimizer stepped under the guard
@@ -36,7 +36,7 @@ def _silent(loop) -> list[trainwise.GuardFinding]:
 def test_loop_without_zero_grad_is_reported_once():
     model, optimizer, batches = _setup()
     with (
-        pytest.warns(trainwise.GuardWarning, match="TW105") as caught,
+        pytest.warns(trainwise.guards.GuardWarning, match="TW105") as caught,
         trainwise.guard(model, optimizer, checks=["TW105"], check_every=2) as guard,
     ):
         for batch in batches:
@@ -44,13 +44,13 @@ def test_loop_without_zero_grad_is_reported_once():
             optimizer.step()
     assert [(f.code, f.where, f.step) for f in guard.findings] == [("TW105", "SGD", 1)]
     assert "zero_grad" in guard.findings[0].message
-    assert len([w for w in caught if issubclass(w.category, trainwise.GuardWarning)]) == 1
+    assert len([w for w in caught if issubclass(w.category, trainwise.guards.GuardWarning)]) == 1
 
 
 def test_raise_action_raises_guard_error():
     model, optimizer, batches = _setup()
     with (
-        pytest.raises(trainwise.GuardError) as error,
+        pytest.raises(trainwise.guards.GuardError) as error,
         trainwise.guard(model, optimizer, action="raise", checks=["TW105"]),
     ):
         for batch in batches:

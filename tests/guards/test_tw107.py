@@ -35,17 +35,17 @@ def test_frozen_parameters_in_the_optimizer_are_one_finding_at_install() -> None
     model = _model()
     model[0].requires_grad_(False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    with pytest.warns(trainwise.GuardWarning) as record, _guard(model, optimizer, check_every=2) as guard:
+    with pytest.warns(trainwise.guards.GuardWarning) as record, _guard(model, optimizer, check_every=2) as guard:
         _train(model, optimizer)
     assert [(f.code, f.where, f.step) for f in guard.findings] == [("TW107", "0.weight", 0)]
     assert guard.findings[0].message.startswith("2 frozen parameter tensor(s)")
-    assert [w.message.code for w in record if isinstance(w.message, trainwise.GuardWarning)] == ["TW107"]
+    assert [w.message.code for w in record if isinstance(w.message, trainwise.guards.GuardWarning)] == ["TW107"]
 
 
 def test_trainable_parameters_in_no_group_are_one_finding() -> None:
     model = _model()
     optimizer = torch.optim.AdamW(model[2:].parameters(), lr=1e-3)
-    with pytest.warns(trainwise.GuardWarning), _guard(model, optimizer, check_every=2) as guard:
+    with pytest.warns(trainwise.guards.GuardWarning), _guard(model, optimizer, check_every=2) as guard:
         _train(model, optimizer)
     assert [(f.code, f.where) for f in guard.findings] == [("TW107", "0.weight")]
     assert guard.findings[0].message.startswith("2 trainable parameter tensor(s)")
@@ -55,7 +55,7 @@ def test_action_raise_raises_when_the_guard_starts() -> None:
     model = _model()
     model[0].requires_grad_(False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(trainwise.GuardError) as error:
+    with pytest.raises(trainwise.guards.GuardError) as error:
         trainwise.guard(model, optimizer, action="raise", checks=["TW107"])
     assert (error.value.code, error.value.where) == ("TW107", "0.weight")
 
@@ -67,7 +67,7 @@ def test_an_optimizer_over_exactly_the_trainable_parameters_is_silent(freeze: bo
         model[0].requires_grad_(False)
     optimizer = torch.optim.SGD(_trainable(model), lr=0.1)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", trainwise.GuardWarning)
+        warnings.simplefilter("error", trainwise.guards.GuardWarning)
         with _guard(model, optimizer, check_every=2) as guard:
             _train(model, optimizer)
     assert guard.findings == []
@@ -76,7 +76,7 @@ def test_an_optimizer_over_exactly_the_trainable_parameters_is_silent(freeze: bo
 def test_a_freeze_after_install_is_found_before_the_first_step() -> None:
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.warns(trainwise.GuardWarning), _guard(model, optimizer, check_every=1000) as guard:
+    with pytest.warns(trainwise.guards.GuardWarning), _guard(model, optimizer, check_every=1000) as guard:
         model[4].requires_grad_(False)
         _train(model, optimizer, steps=1)
         assert [(f.code, f.where, f.step) for f in guard.findings] == [("TW107", "4.weight", 0)]
@@ -86,7 +86,7 @@ def test_an_unfreeze_without_add_param_group_is_found_at_the_next_check() -> Non
     model = _model()
     model[0].requires_grad_(False)
     optimizer = torch.optim.SGD(_trainable(model), lr=0.1)
-    with pytest.warns(trainwise.GuardWarning), _guard(model, optimizer, check_every=3) as guard:
+    with pytest.warns(trainwise.guards.GuardWarning), _guard(model, optimizer, check_every=3) as guard:
         _train(model, optimizer, steps=2)
         model[0].requires_grad_(True)
         _train(model, optimizer, steps=1)

@@ -55,7 +55,7 @@ def _guard(model: _Net, **options: object) -> trainwise.Guard:
 
 def _silent(model: _Net, **options: object) -> trainwise.Guard:
     with warnings.catch_warnings():
-        warnings.simplefilter("error", trainwise.GuardWarning)
+        warnings.simplefilter("error", trainwise.guards.GuardWarning)
         with _guard(model) as guard:
             _fit(model, guard, **options)  # type: ignore[arg-type]
     return guard
@@ -64,12 +64,12 @@ def _silent(model: _Net, **options: object) -> trainwise.Guard:
 def test_the_tutorial_recipe_is_one_finding_per_frozen_norm_layer() -> None:
     model = _recipe()
     before = model.backbone[1].num_batches_tracked.item()
-    with pytest.warns(trainwise.GuardWarning) as record, _guard(model) as guard:
+    with pytest.warns(trainwise.guards.GuardWarning) as record, _guard(model) as guard:
         _fit(model, guard)
     assert [(f.code, f.where, f.step) for f in guard.findings] == [("TW108", "backbone.1", 0),
                                                                    ("TW108", "backbone.4", 0)]
     assert "trainwise.freeze()" in guard.findings[0].message
-    assert [w.message.where for w in record if isinstance(w.message, trainwise.GuardWarning)] == [
+    assert [w.message.where for w in record if isinstance(w.message, trainwise.guards.GuardWarning)] == [
         "backbone.1", "backbone.4"]
     assert model.backbone[1].num_batches_tracked.item() == before + 6  # the drift the finding is about
 
@@ -77,7 +77,7 @@ def test_the_tutorial_recipe_is_one_finding_per_frozen_norm_layer() -> None:
 def test_action_raise_stops_the_first_training_forward() -> None:
     model = _recipe()
     guard = _guard(model, action="raise")
-    with pytest.raises(trainwise.GuardError) as error:
+    with pytest.raises(trainwise.guards.GuardError) as error:
         _fit(model, guard)
     guard.close()
     assert (error.value.code, error.value.where, error.value.step) == ("TW108", "backbone.1", 0)
@@ -92,7 +92,7 @@ def test_freezing_with_trainwise_freeze_is_silent() -> None:
 
 def test_pin_frozen_norm_layers_after_the_recipe_is_silent() -> None:
     model = _recipe()
-    trainwise.pin_frozen_norm_layers(model)
+    trainwise.freezing.pin_frozen_norm_layers(model)
     assert _silent(model).findings == []
 
 
@@ -111,7 +111,7 @@ def test_norm_layers_unfrozen_during_the_run_are_silent() -> None:
     model = _Net()
     trainwise.freeze(model, "backbone")
     with warnings.catch_warnings():
-        warnings.simplefilter("error", trainwise.GuardWarning)
+        warnings.simplefilter("error", trainwise.guards.GuardWarning)
         with _guard(model, check_every=1000) as guard:
             _fit(model, guard, epochs=1)
             trainwise.unfreeze(model, "backbone")  # released and trainable: in train mode on purpose
@@ -132,7 +132,7 @@ def test_a_no_grad_forward_in_train_mode_is_left_to_tw103() -> None:
 def test_a_freeze_after_install_is_found_at_the_next_check() -> None:
     torch.manual_seed(0)
     model = _Net()
-    with pytest.warns(trainwise.GuardWarning), _guard(model, check_every=2) as guard:
+    with pytest.warns(trainwise.guards.GuardWarning), _guard(model, check_every=2) as guard:
         _fit(model, guard, epochs=1)
         model.backbone.requires_grad_(False)
         assert guard.findings == []

@@ -41,10 +41,10 @@ def _scaled(model, optimizer, batches, enabled=True):
         scaler.update()
 
 
-def _silent(loop, *args) -> list[trainwise.GuardFinding]:
+def _silent(loop, *args) -> list[trainwise.guards.GuardFinding]:
     model, optimizer, batches = _setup()
     with warnings.catch_warnings():
-        warnings.simplefilter("error", trainwise.GuardWarning)
+        warnings.simplefilter("error", trainwise.guards.GuardWarning)
         with trainwise.guard(model, optimizer, checks=["TW109"], check_every=2) as guard:
             loop(model, optimizer, batches, *args)
     assert guard.step > 0  # the optimizer stepped under the guard
@@ -54,19 +54,19 @@ def _silent(loop, *args) -> list[trainwise.GuardFinding]:
 def test_float16_without_scaler_is_reported_once():
     model, optimizer, batches = _setup()
     with (
-        pytest.warns(trainwise.GuardWarning, match="TW109") as caught,
+        pytest.warns(trainwise.guards.GuardWarning, match="TW109") as caught,
         trainwise.guard(model, optimizer, checks=["TW109"], check_every=2) as guard,
     ):
         _plain(model, optimizer, batches, torch.float16)
     assert [(f.code, f.where, f.step) for f in guard.findings] == [("TW109", "AdamW", 0)]
     assert "GradScaler" in guard.findings[0].message
-    assert len([w for w in caught if issubclass(w.category, trainwise.GuardWarning)]) == 1
+    assert len([w for w in caught if issubclass(w.category, trainwise.guards.GuardWarning)]) == 1
 
 
 def test_raise_action_raises_guard_error():
     model, optimizer, batches = _setup()
     with (
-        pytest.raises(trainwise.GuardError) as error,
+        pytest.raises(trainwise.guards.GuardError) as error,
         trainwise.guard(model, optimizer, action="raise", checks=["TW109"]),
     ):
         _plain(model, optimizer, batches, torch.float16)
@@ -76,7 +76,7 @@ def test_raise_action_raises_guard_error():
 def test_disabled_scaler_is_reported():
     model, optimizer, batches = _setup()
     with (
-        pytest.warns(trainwise.GuardWarning, match="TW109"),
+        pytest.warns(trainwise.guards.GuardWarning, match="TW109"),
         trainwise.guard(model, optimizer, checks=["TW109"]) as guard,
     ):
         _scaled(model, optimizer, batches, False)

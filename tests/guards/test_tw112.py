@@ -54,7 +54,7 @@ def test_dict_field_on_another_device_fails_naming_it(action):
     batch = {"input": torch.randn(8, 4), "attention_mask": torch.ones(8), "extra": {"weight": torch.ones(8, 1)}}
     _step(model, optimizer, batch)  # all on the CPU: fine
     batch["attention_mask"] = torch.ones(8, device="meta")
-    with pytest.raises(trainwise.GuardError) as error:
+    with pytest.raises(trainwise.guards.GuardError) as error:
         model(batch)
     guard.close()
     assert [(f.code, f.where) for f in guard.findings] == [("TW112", 'batch["attention_mask"]')]
@@ -68,7 +68,7 @@ def test_nested_field_is_named_by_its_path():
     _optimizer, guard = _guarded(model)
     batch = {"input": torch.randn(8, 4), "attention_mask": torch.ones(8), "extra": {"weight": torch.ones(8, 1)}}
     batch["extra"]["weight"] = batch["extra"]["weight"].to("meta")
-    with pytest.raises(trainwise.GuardError, match=r'batch\["extra"\]\["weight"\] is on meta'):
+    with pytest.raises(trainwise.guards.GuardError, match=r'batch\["extra"\]\["weight"\] is on meta'):
         model(batch)
     guard.close()
     assert [f.where for f in guard.findings] == ['batch["extra"]["weight"]']
@@ -88,16 +88,16 @@ class NoNames(torch.nn.Module):
 def test_positional_and_keyword_tensors_are_named():
     model = KwargModel()
     _optimizer, guard = _guarded(model)
-    with pytest.raises(trainwise.GuardError, match=r"^TW112 .*x is on meta"):
+    with pytest.raises(trainwise.guards.GuardError, match=r"^TW112 .*x is on meta"):
         model(torch.randn(2, 4, device="meta"))
-    with pytest.raises(trainwise.GuardError, match="mask is on meta"):
+    with pytest.raises(trainwise.guards.GuardError, match="mask is on meta"):
         model(torch.randn(2, 4), mask=torch.ones(2, 1, device="meta"))
     guard.close()
     assert [f.where for f in guard.findings] == ["x", "mask"]
     nameless = NoNames()
     with (
         trainwise.guard(nameless, checks=["TW112"]) as nameless_guard,
-        pytest.raises(trainwise.GuardError, match=r"args\[0\]\[1\] is on meta"),
+        pytest.raises(trainwise.guards.GuardError, match=r"args\[0\]\[1\] is on meta"),
     ):
         nameless([torch.randn(2, 4), torch.randn(2, 4, device="meta")])
     assert [f.where for f in nameless_guard.findings] == ["args[0][1]"]
@@ -109,7 +109,7 @@ def test_model_moved_to_another_device_is_seen():
     x = torch.randn(2, 4)
     _step(model, optimizer, x)
     model.to("meta")
-    with pytest.raises(trainwise.GuardError, match="x is on cpu, the model on meta"):
+    with pytest.raises(trainwise.guards.GuardError, match="x is on cpu, the model on meta"):
         model(x)
     model(x.to("meta"))  # on the model's new device: fine
     guard.close()
@@ -120,7 +120,7 @@ def test_same_device_and_non_tensor_inputs_are_silent():
     model = KwargModel()
     optimizer, guard = _guarded(model)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", trainwise.GuardWarning)
+        warnings.simplefilter("error", trainwise.guards.GuardWarning)
         for _ in range(3):
             _step(model, optimizer, torch.randn(2, 4), mask=torch.ones(2, 1), scale=2.0, name="batch", lengths=None)
         _step(model, optimizer, x=torch.randn(2, 4), mask=None)

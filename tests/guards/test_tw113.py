@@ -55,13 +55,13 @@ def test_first_nonfinite_parameter_and_step_are_reported_once(unused):
     model = Gained(unused)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with (
-        pytest.warns(trainwise.GuardWarning, match="TW113") as caught,
+        pytest.warns(trainwise.guards.GuardWarning, match="TW113") as caught,
         trainwise.guard(model, optimizer, checks=["TW113"], check_every=2) as guard,
     ):
         _train(model, optimizer, zero_gain_at=3)
     assert [(f.code, f.where, f.step) for f in guard.findings] == [("TW113", "gain.value", 3)]
     assert "at step 3" in guard.findings[0].message
-    assert len([w for w in caught if issubclass(w.category, trainwise.GuardWarning)]) == 1
+    assert len([w for w in caught if issubclass(w.category, trainwise.guards.GuardWarning)]) == 1
     assert not torch.isfinite(model.gain.value).all()  # the step did apply it
 
 
@@ -70,7 +70,7 @@ def test_raise_action_raises_guard_error_at_the_check():
     model = Gained()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     with (
-        pytest.raises(trainwise.GuardError) as error,
+        pytest.raises(trainwise.guards.GuardError) as error,
         trainwise.guard(model, optimizer, action="raise", checks=["TW113"], check_every=4),
     ):
         _train(model, optimizer, zero_gain_at=2)
@@ -82,7 +82,7 @@ def test_finite_training_is_silent():
     model = Gained()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", trainwise.GuardWarning)
+        warnings.simplefilter("error", trainwise.guards.GuardWarning)
         with trainwise.guard(model, optimizer, checks=["TW113"], check_every=2) as guard:
             _train(model, optimizer)
     assert guard.step == 6 and guard.findings == []
@@ -95,7 +95,7 @@ def test_grad_scaler_overflow_steps_are_silent(fused):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)  # overflows at first: the scaler backs off
     with warnings.catch_warnings():
-        warnings.simplefilter("error", trainwise.GuardWarning)
+        warnings.simplefilter("error", trainwise.guards.GuardWarning)
         with trainwise.guard(model, optimizer, checks=["TW113"], check_every=2) as guard:
             for x, y in _batches():
                 optimizer.zero_grad()

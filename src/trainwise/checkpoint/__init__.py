@@ -3,6 +3,7 @@
 - :mod:`~trainwise.checkpoint.io`: atomic torch saves, format detection, ``weights_only`` loading.
 - :mod:`~trainwise.checkpoint.state`: the full training state from live objects, restored in place.
 - ``ResumableLoader``, a DataLoader that resumes in the middle of an epoch, lives in :mod:`trainwise.data`.
+- :mod:`~trainwise.checkpoint.training`: a training loop's checkpoints across processes (DDP, FSDP shards).
 - :mod:`~trainwise.checkpoint.manager`: a run's checkpoints, the last N and the best kept.
 - :mod:`~trainwise.checkpoint.weights`: ``load_weights`` with its report, ``save_weights``.
 """
@@ -27,6 +28,10 @@ _EXPORTS = {
     "read_checkpoint": "state",
     "restore_state": "state",
     "save_checkpoint": "state",
+    "finish_checkpoint_writes": "training",
+    "read_resume_checkpoint": "training",
+    "restore_training_checkpoint": "training",
+    "save_training_checkpoint": "training",
     "LoadReport": "weights",
     "WeightsMismatchError": "weights",
     "load_weights": "weights",
@@ -57,11 +62,15 @@ __all__ = [
     "capture_state",
     "detect_format",
     "find_resume_checkpoint",
+    "finish_checkpoint_writes",
     "load_checkpoint",
     "load_weights",
     "read_checkpoint",
+    "read_resume_checkpoint",
     "restore_state",
+    "restore_training_checkpoint",
     "safe_load",
     "save_checkpoint",
+    "save_training_checkpoint",
     "save_weights",
 ]

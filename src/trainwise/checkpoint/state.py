@@ -283,7 +283,8 @@ def is_trainwise_checkpoint(obj: Any) -> bool:
 
 
 def encode_rng_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """:func:`trainwise.get_rng_state` output with NumPy's state as tensors (``weights_only`` refuses arrays)."""
+    """:func:`trainwise.seeding.get_rng_state` output with NumPy's state as tensors (``weights_only`` refuses
+    arrays)."""
     kind, keys, pos, has_gauss, cached = state["numpy"]
     encoded = dict(state)
     version, words, gauss = state["python"]
@@ -300,7 +301,7 @@ def encode_rng_state(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def decode_rng_state(encoded: Mapping[str, Any]) -> dict[str, Any]:
-    """The inverse of :func:`encode_rng_state`, ready for :func:`trainwise.set_rng_state`."""
+    """The inverse of :func:`encode_rng_state`, ready for :func:`trainwise.seeding.set_rng_state`."""
     state = dict(encoded)
     numpy_state = encoded["numpy"]
     if isinstance(numpy_state, Mapping):

@@ -55,5 +55,5 @@ class OptimizerCoverage(Check):
                 self.code, missing[0],
                 f"{len(missing)} trainable parameter tensor(s) are in no optimizer group ({_shown(missing)}) and "
                 f"will never be updated; build the optimizer from the model's current trainable parameters, or "
-                f"add them with optimizer.add_param_group (trainwise.extend_optimizer).",
+                f"add them with optimizer.add_param_group (trainwise.freezing.extend_optimizer).",
             )

@@ -14,7 +14,7 @@ from trainwise.guards.check import Check, OncePerStep
 
 def _deciding_params(modules: dict[str, nn.Module], name: str) -> list[nn.Parameter]:
     """The parameters that say whether norm layer ``name`` is frozen: its own, or (with none, as with
-    ``affine=False``) those of its nearest ancestor that has any, as :func:`trainwise.pin_frozen_norm_layers`
+    ``affine=False``) those of its nearest ancestor that has any, as :func:`trainwise.freezing.pin_frozen_norm_layers`
     decides."""
     own = list(modules[name].parameters(recurse=False))
     while not own and name:
@@ -71,5 +71,6 @@ class FrozenNormInTrainMode(Check):
             self.code, name or "(the model)",
             f"{type(layer).__name__} `{name or '(the model)'}` is frozen but in train mode, so every training batch "
             f"overwrites its running statistics; freeze with trainwise.freeze() (or call "
-            f"trainwise.pin_frozen_norm_layers(model)), or call .eval() on the frozen part after each model.train().",
+            f"trainwise.freezing.pin_frozen_norm_layers(model)), or call .eval() on the frozen part after each "
+            f"model.train().",
         )

@@ -14,7 +14,7 @@ class BatchOnAnotherDevice(Rule):
     This rule has no static check: `trainwise.guard(model, optimizer)` (and the Trainer) finds it at run
     time. Before each forward of the guarded model it compares the device of every tensor argument, and of
     tensors inside tuples, lists and dicts, with the device of the model's parameters, and raises a
-    `trainwise.GuardError` naming the field (`x`, `batch["attention_mask"]`) before torch's own error.
+    `trainwise.guards.GuardError` naming the field (`x`, `batch["attention_mask"]`) before torch's own error.
 
     ## Why is this bad?
     torch cannot compute with tensors on two devices: the forward fails with an error deep inside a layer

@@ -134,7 +134,7 @@ class UnseededRandomnessInLoaderWorkers(Rule):
     loader = DataLoader(NoisyDataset(np.zeros((100, 8))), batch_size=10, num_workers=4, worker_init_fn=reseed)
     ```
     For global random modules in a script that does not seed torch, pass
-    `generator=torch.Generator().manual_seed(seed), worker_init_fn=trainwise.seed_worker`.
+    `generator=torch.Generator().manual_seed(seed), worker_init_fn=trainwise.data.seed_worker`.
 
     ## Fix safety
     There is no automatic fix: the seed to use and the way to reseed a dataset's own generator depend on the
@@ -184,7 +184,7 @@ class UnseededRandomnessInLoaderWorkers(Rule):
             node,
             f"the script seeds {seeded} but never torch: {what} seeds torch gives each of the {workers} workers "
             f"(for random, NumPy and torch) come from torch's unseeded generator and change on every run; pass "
-            f"generator=torch.Generator().manual_seed(seed), worker_init_fn=trainwise.seed_worker",
+            f"generator=torch.Generator().manual_seed(seed), worker_init_fn=trainwise.data.seed_worker",
         )
 
     # ------------------------------------------------------------------------------------------ the loader
