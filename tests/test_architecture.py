@@ -197,3 +197,49 @@ def test_the_version_comes_from_version_py():
                     node.module == "trainwise._version" or (node.level == 1 and node.module == "_version")):
                 takers.append(f"{name}:{node.lineno}")
     assert takers == [], "take __version__ from trainwise._version, not the package"
+
+
+# The layers of docs/architecture.md, top to bottom; a module is in the layer of its first name under trainwise.
+LAYERS = (
+    {"cli"},
+    {"labs", "demo"},
+    {"trainer"},
+    {"run"},
+    {"policies", "strategy"},
+    {"guards"},
+    set(),  # every other module: the primitives
+    {"files"},
+    {"errors", "_version"},
+)
+# Edges that go up on purpose: (importer's top name, imported top name) -> why.
+UPWARD_ALLOWED = {
+    ("optimizers", "guards"): "build_optimizer runs guards/loss.py's optimizer-coverage check (no hooks)",
+    ("guards", "labs"): "a guard finding names the lab of its code, read from the labs catalogue (names only)",
+}
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[1] if "." in module else "__init__"
+    return next((i for i, names in enumerate(LAYERS) if top in names), LAYERS.index(set()))
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    graph = import_graph(SRC, "trainwise", deferred=True)
+    upward = []
+    for module, edges in graph.items():
+        if module == "trainwise" or module.startswith("trainwise.doctor"):
+            continue
+        for target, line in edges.items():
+            pair = (module.split(".")[1], target.split(".")[1] if "." in target else "__init__")
+            if _layer(target) < _layer(module) and pair not in UPWARD_ALLOWED:
+                upward.append(f"{module}:{line} imports {target}")
+    assert upward == [], "imports that go up a layer (docs/architecture.md):\n" + "\n".join(sorted(upward))
+
+
+def test_the_doctor_imports_nothing_of_trainwise_but_errors_version_and_files():
+    graph = import_graph(SRC, "trainwise", deferred=True)
+    outside = sorted(f"{module} imports {target}" for module, edges in graph.items()
+                     if module.startswith("trainwise.doctor") for target in edges
+                     if not target.startswith("trainwise.doctor")
+                     and target not in ("trainwise.errors", "trainwise._version", "trainwise.files"))
+    assert outside == []

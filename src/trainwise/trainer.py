@@ -5,7 +5,8 @@ Where each part lives: the step between two optimizer steps is :class:`~trainwis
 processes train and how they agree, :mod:`trainwise.strategy`; every decision taken between epochs or steps
 (log cadence, periodic checkpoints, unfreezing, the plateau step, overfitting, early stopping),
 :mod:`trainwise.policies`; what a checkpoint holds and resuming it, :mod:`trainwise.checkpoint.resume`; every
-file of the run and what it says, :class:`~trainwise.run_folder.RunFolder`; the options, :class:`TrainerConfig`.
+file of the run and what it says, :class:`~trainwise.run_folder.RunFolder`; what one fit holds and its set-up and
+end, :mod:`trainwise.run`; the options, :class:`TrainerConfig`.
 """
 
 from __future__ import annotations
