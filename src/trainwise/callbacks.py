@@ -144,6 +144,7 @@ class CallbackList:
                 method = getattr(policy, event, None)
                 if callable(method):
                     (self.after if policy.order == "after" else self.before)[event].append(method)
+        self.policies = {event: [*self.before[event], *self.after[event]] for event in EVENTS}
         # what the user's handlers run inside: the Trainer's guards watch every forward a callback runs
         self.context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
@@ -151,6 +152,10 @@ class CallbackList:
         """Call ``event`` on the policies and the callbacks that define it (only the policies when ``users`` is
         False); returns the metrics the callbacks logged."""
         state = self.state
+        if not (users and self.handlers[event]):  # the policies alone (every step, usually): the short way
+            for handler in self.policies[event]:
+                handler(state)
+            return state.take_logged() if state._logged else {}
         for handler in self.before[event]:
             handler(state)
         handlers = self.handlers[event]

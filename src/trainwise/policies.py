@@ -64,18 +64,22 @@ class LogCadence(Policy):
     def __init__(self, every: int, *, check_finite: bool) -> None:
         self.every = every
         self.check_finite = check_finite
+        self.accumulator: Any = None  # the run's GradientAccumulator, from the first epoch's start
         self.epoch_windows = 0  # windows before this epoch
         self.early_show = 0  # the next window of the epoch whose running values the bar shows (0: none)
 
     def on_epoch_start(self, state: Any) -> None:
         fit = state.fit
-        self.epoch_windows = fit.state.accumulator.windows
+        self.accumulator = fit.state.accumulator
+        self.epoch_windows = self.accumulator.windows
         self.early_show = 1 if isinstance(fit.folder.progress, BarProgress) else 0
 
     def on_step_end(self, state: Any) -> None:
+        windows = self.accumulator.windows
+        if windows % self.every and windows - self.epoch_windows != self.early_show:
+            return  # most steps: nothing to show or log
         fit = state.fit
         accumulator, progress = fit.state.accumulator, fit.folder.progress
-        windows = accumulator.windows
         if windows - self.epoch_windows == self.early_show:
             if self.early_show < self.every:
                 progress.show(fit.state.metrics.compute())  # this process's values: no collective

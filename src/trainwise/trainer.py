@@ -192,7 +192,8 @@ class Trainer:
             if unsized:
                 fit.strategy.agree_on_last(last_batch, loader.batches_done)
             if step.add(batch, last=last_batch):  # the batch ended a window: the optimizer stepped
-                fit.report_halvings()
+                if step.splitter is not None:  # batch_size="auto": a micro-batch halved is said once
+                    fit.report_halvings()
                 self._fire(fit, "on_step_end")  # log cadence, periodic checkpoint, then the user's callbacks
                 # a preemption signal rides the next windows' count all-reduce: every process stops here together
                 accumulator.stop_requested = interrupt.preempted is not None
