@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "overhead.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "overhead.py"
 
 
 def _overhead():

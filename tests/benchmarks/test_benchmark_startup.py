@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "startup.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "startup.py"
 HEAVY = {"torch._dynamo", "sympy", "torch.distributed.fsdp", "matplotlib", "onnx", "onnxscript", "onnxruntime",
          "libcst", "tensorboard"}
 

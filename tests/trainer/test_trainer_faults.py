@@ -26,7 +26,7 @@ from trainwise import NonFiniteLossError, Trainer, TrainwiseError
 from trainwise.checkpoint import CheckpointManager
 from trainwise.runlog import RunLock, read_log
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _data(n=64, seed=0):

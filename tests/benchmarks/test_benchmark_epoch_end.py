@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "epoch_end.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "epoch_end.py"
 
 
 @pytest.mark.slow

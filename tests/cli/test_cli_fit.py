@@ -13,7 +13,7 @@ import torch
 
 from trainwise.cli import main
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits.toml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits.toml"
 
 TINY_FACTORIES = """
 import torch
