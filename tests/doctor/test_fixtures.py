@@ -1,5 +1,6 @@
 """The doctor's specification: each fixture under fixtures/<CODE>/ fires on exactly the marked lines
-(``fires_*``), stays silent (``silent_*``), and fixable findings give the ``*.fixed.py`` output."""
+(``fires_*``), stays silent (``silent_*``), and fixable findings give the ``*.fixed.py`` output. A folder
+fixture is a project checked as one run: its findings across files name the lines marked ``# related:``."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from trainwise.doctor.engine import check_file, check_source
+from trainwise.doctor.engine import check_file, check_paths, check_source
 from trainwise.doctor.rules import all_rules, rule_for
 
-from ._fixtures import FIXTURES, expected_lines, fixture_files, fixture_id
+from ._fixtures import FIXTURES, RELATED, expected_lines, fixture_files, fixture_id, fixture_projects
 
 PY_FIXTURES = fixture_files("TW*/*.py")
 NOTEBOOKS = fixture_files("TW*/*.ipynb")
@@ -43,6 +44,37 @@ def test_python_fixture(path: Path):
             f"{checked}: reported on lines {got}, expected {sorted(expected.get(checked, ()))}:\n"
             + "\n".join(f"  {f.line}: {f.message}" for f in findings if f.code == checked)
         )
+
+
+@pytest.mark.parametrize("folder", fixture_projects(), ids=fixture_id)
+def test_project_fixture(folder: Path):
+    """A folder checked as one run: exactly the marked lines of every file, and each finding of the folder's
+    code that names another place names a line marked ``# related:`` (all of them, between the findings)."""
+    code = folder.parent.name
+    expected: dict[str, set[tuple[str, int]]] = {}
+    related: set[tuple[str, int]] = set()
+    for path in sorted(folder.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        name = path.relative_to(folder).as_posix()
+        for marked, lines in expected_lines(source).items():
+            expected.setdefault(marked, set()).update((name, line) for line in lines)
+        related |= {(name, line) for line in expected_lines(source, RELATED).get(code, ())}
+    if folder.name.startswith("silent_"):
+        assert code not in expected, "a silent_ fixture must not expect its own rule"
+    else:
+        assert expected.get(code), "a fires_ fixture must mark at least one line with # expect: " + code
+    findings = [f for result in check_paths([str(folder)]) for f in result.findings]
+    assert not [f for f in findings if f.code == "TW900"], findings
+
+    def rel(path: str) -> str:
+        return Path(path).resolve().relative_to(folder.resolve()).as_posix()
+
+    for checked in {code, *expected}:
+        got = sorted((rel(f.path), f.line) for f in findings if f.code == checked)
+        assert got == sorted(expected.get(checked, ())), "\n".join(
+            f"  {rel(f.path)}:{f.line}: {f.message}" for f in findings if f.code == checked)
+    named = {(rel(r.path), r.line) for f in findings if f.code == code for r in f.related}
+    assert named == related, f"related places {sorted(named)}, marked {sorted(related)}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=fixture_id)

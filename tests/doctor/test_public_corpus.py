@@ -8,7 +8,9 @@ lists every case with its source line and why it is, or is not, a bug. In the ex
 - ``# silent: TWxxx``  a look-alike: code that resembles the bug but is correct (a report is a false alarm);
 - ``# latent: TWxxx``  the pattern is there but has no effect in that program (a report is neither).
 
-Any other finding on any line counts as a false alarm too. Run with ``-s`` to see the table:
+Any other finding on any line counts as a false alarm too. Each repository's excerpts are checked together, as
+one run, so that a finding may cross files (a helper of one file called from another). Run with ``-s`` to see
+the table:
 
     .venv/bin/python -m pytest tests/doctor/test_public_corpus.py -s
 
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from trainwise.doctor.engine import check_source
+from trainwise.doctor.engine import check_sources
 
 CORPUS = Path(__file__).parent / "corpus"
 MARK = re.compile(r"#\s*(?P<tag>expect|silent|latent):\s*(?P<code>TW\d{3})\b")
@@ -59,11 +61,14 @@ def measure() -> dict:
     independent = {(c["file"], c["line"], c["code"]) for c in index()["cases"]
                    if c["kind"] == "finding" and c["found_by"] == "independent"}
     blind = Counter()
-    for path in corpus_files():
-        source = path.read_text(encoding="utf-8")
-        name = path.relative_to(CORPUS).as_posix()
+    sources = {path.relative_to(CORPUS).as_posix(): path.read_text(encoding="utf-8") for path in corpus_files()}
+    repositories: dict[str, dict[str, str]] = {}
+    for name, source in sources.items():
+        repositories.setdefault(name.split("/", 1)[0], {})[name] = source
+    checked = {name: found for files in repositories.values() for name, found in check_sources(files).items()}
+    for name, source in sources.items():
         marked = marks(source)
-        findings = check_source(source, name)
+        findings = checked[name]
         assert not [f for f in findings if f.code == "TW900"], (name, findings)
         got = {(f.line, f.code) for f in findings}
         messages = {(f.line, f.code): f.message for f in findings}

@@ -11,6 +11,7 @@ import re
 from collections.abc import Sequence
 
 from trainwise.doctor.context import Context
+from trainwise.doctor.program import Program
 from trainwise.doctor.rule import Finding, Rule
 from trainwise.doctor.text import LINE_BREAK
 
@@ -35,14 +36,20 @@ def parse(source: str, path: str) -> ast.Module | Finding:
         return parse_error(path, f"cannot parse: {_describe(exc)}")
 
 
-def analyse(source: str, path: str, *, rules: Sequence[type[Rule]]) -> tuple[list[Finding], bool]:
-    """Parse and run ``rules`` in one pass; returns the findings and whether the source parsed."""
-    tree = parse(source, path)
-    if isinstance(tree, Finding):
-        return [tree], False
+def analyse(source: str, path: str, *, rules: Sequence[type[Rule]],
+            program: Program | None = None) -> tuple[list[Finding], bool]:
+    """Parse and run ``rules`` in one pass; returns the findings and whether the source parsed. ``program``:
+    the other files of the run, for the questions that cross files (a program of this file alone if None)."""
+    program = Program() if program is None else program
+    ctx = program.parsed(path, source)
+    if ctx is None:
+        tree = parse(source, path)
+        if isinstance(tree, Finding):
+            return [tree], False
+        ctx = program.adopt(Context(tree, source, path))
     findings: list[Finding] = []
     try:
-        run_rules(Context(tree, source, path), rules, findings)
+        run_rules(ctx, rules, findings)
     except (RecursionError, MemoryError) as exc:
         return [parse_error(path, f"cannot analyse: {_describe(exc)}")], True
     except Exception as exc:  # a bug in a rule must not stop the other files

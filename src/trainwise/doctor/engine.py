@@ -8,10 +8,10 @@ cannot be read or parsed becomes one ``TW900`` finding and the run goes on.
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import re
 import stat
-import string
 import sys
 import tokenize
 from collections.abc import Iterable, Sequence
@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainwise.doctor.analysis import PARSE_ERROR, analyse, parse_error
-from trainwise.doctor.notebook import check_notebook
+from trainwise.doctor.gitignore import IgnoreSet, ignored, parse_gitignore
+from trainwise.doctor.notebook import cell_sources, check_notebook, join_cells
+from trainwise.doctor.program import Program, SourceText
 from trainwise.doctor.rule import Finding, Rule
 from trainwise.errors import TrainwiseError
 
@@ -183,6 +185,15 @@ def check_source(source: str, path: str = "<string>", *, config: Config | None =
     return findings
 
 
+def check_sources(sources: dict[str, str], *, config: Config | None = None,
+                  rules: Sequence[type[Rule]] | None = None) -> dict[str, list[Finding]]:
+    """Check Python source texts as the files of one run (``{"train.py": ..., "utils/fit.py": ...}``, paths
+    relative to one folder), so that findings may cross them; each path's findings, noqa applied."""
+    rules = (config or Config()).rules() if rules is None else rules
+    program = Program(list(sources), lambda path: SourceText(sources[path]) if path in sources else None)
+    return {path: analyse(source, path, rules=rules, program=program)[0] for path, source in sources.items()}
+
+
 _BYTE_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
 
 
@@ -226,8 +237,10 @@ def _read_bytes(path: str) -> bytes:
         return fh.read()
 
 
-def check_file(path: str, config: Config | None = None, *, rules: Sequence[type[Rule]] | None = None) -> FileResult:
-    """Check one ``.py`` file or ``.ipynb`` notebook given by its display path."""
+def check_file(path: str, config: Config | None = None, *, rules: Sequence[type[Rule]] | None = None,
+               program: Program | None = None) -> FileResult:
+    """Check one ``.py`` file or ``.ipynb`` notebook given by its display path; ``program``: the files of the
+    run it belongs to (``check_paths``), for findings across files (alone when None)."""
     rules = (config or Config()).rules() if rules is None else rules
     result = FileResult(path, notebook=path.endswith(".ipynb"))
     try:
@@ -239,7 +252,7 @@ def check_file(path: str, config: Config | None = None, *, rules: Sequence[type[
         result.findings = [parse_error(path, str(exc))]
         return result
     if result.notebook:
-        result.findings, result.parsed = check_notebook(data, path, rules=rules)
+        result.findings, result.parsed = check_notebook(data, path, rules=rules, program=program)
         return result
     try:
         result.source, result.encoding = decode(data)
@@ -248,16 +261,43 @@ def check_file(path: str, config: Config | None = None, *, rules: Sequence[type[
             f"bad encoding declaration: {exc}")
         result.findings = [parse_error(path, f"cannot decode: {reason}")]
         return result
-    result.findings, result.parsed = analyse(result.source, path, rules=rules)
+    result.findings, result.parsed = analyse(result.source, path, rules=rules, program=program)
     return result
 
 
+def read_source(path: str) -> SourceText | None:
+    """The text the program parses for a file of the run (a notebook's code cells joined), or None when it
+    cannot be read or decoded: that file then answers no question of the others (its own check says why)."""
+    try:
+        data = _read_bytes(path)
+        if path.endswith(".ipynb"):
+            joined = join_cells(cell_sources(data))
+            return SourceText(joined.source, joined)
+        return SourceText(decode(data)[0])
+    except (OSError, _NotRegularFile, SyntaxError, ValueError, LookupError):  # UnicodeDecodeError: ValueError
+        return None
+
+
 def check_paths(paths: Sequence[str], config: Config | None = None) -> list[FileResult]:
-    """Check files and folders (recursively); results sorted by path, unreadable paths as TW900 findings."""
+    """Check files and folders (recursively) as one program, so that a finding may cross files (a helper of
+    ``utils.py`` called from ``train.py``); results sorted by path, unreadable paths as TW900 findings."""
     config = config or Config()
     rules = config.rules()
     files, errors = discover(paths, exclude=config.exclude)
-    results = [check_file(f, config, rules=rules) for f in files]
+    program = Program(files, read_source)
+    results = []
+    collecting = gc.isenabled()
+    try:
+        for file in files:
+            results.append(check_file(file, config, rules=rules, program=program))
+            if collecting:
+                # What the program keeps (parsed files, their indexes) lives for the whole run: frozen, the garbage
+                # collector stops scanning it again and again (a run over transformers took three times as long).
+                gc.freeze()
+    finally:
+        program.close()
+        if collecting:
+            gc.unfreeze()
     results.extend(FileResult(e.path, [e]) for e in errors)
     for result in results:
         result.findings = [f for f in result.findings if config.enabled(f.code)]
@@ -267,217 +307,16 @@ def check_paths(paths: Sequence[str], config: Config | None = None) -> list[File
 
 
 # ------------------------------------------------------------------------------------------------ discovery
-@dataclass
-class _IgnoreRule:
-    regex: re.Pattern[str]
-    negate: bool
-    dir_only: bool
-
-
-# Git's character classes inside brackets ([[:alpha:]]), ASCII only as in git's wildmatch.
-_POSIX_CLASSES = {
-    "alnum": string.ascii_letters + string.digits,
-    "alpha": string.ascii_letters,
-    "blank": " \t",
-    "cntrl": "".join(map(chr, range(32))) + "\x7f",
-    "digit": string.digits,
-    "graph": "".join(map(chr, range(33, 127))),
-    "lower": string.ascii_lowercase,
-    "print": "".join(map(chr, range(32, 127))),
-    "punct": string.punctuation,
-    "space": " \t\n\r\x0b\x0c",
-    "upper": string.ascii_uppercase,
-    "xdigit": string.hexdigits,
-}
-
-
-def _bracket_to_regex(pattern: str, i: int) -> tuple[str, int] | None:
-    """The regex of the bracket expression whose ``[`` is just before ``pattern[i]``, and the index after its
-    ``]``; None when it is malformed (no closing ``]``, an unknown ``[:class:]``), as git's wildmatch reads it:
-    a ``]`` right after ``[`` or ``[!`` is a member, ``-`` at either end is literal, ``z-a`` holds only ``z``."""
-    n = len(pattern)
-    negated = i < n and pattern[i] in "!^"
-    i += negated
-    members: set[str] = set()
-    ranges: list[tuple[str, str]] = []
-    prev: str | None = None  # the member a following "-" starts a range from
-    first = True
-    while True:
-        if i >= n:
-            return None
-        c = pattern[i]
-        if c == "]" and not first:
-            break
-        first = False
-        if c == "\\":
-            i += 1
-            if i >= n:
-                return None
-            members.add(pattern[i])
-            prev = pattern[i]
-        elif c == "-" and prev is not None and i + 1 < n and pattern[i + 1] != "]":
-            i += 1
-            if pattern[i] == "\\":
-                i += 1
-                if i >= n:
-                    return None
-            ranges.append((prev, pattern[i]))
-            prev = None
-        elif c == "[" and pattern.startswith(":", i + 1):
-            end = pattern.find("]", i + 2)
-            if end == -1:
-                return None
-            if end - (i + 2) < 1 or pattern[end - 1] != ":":  # no ":]": the "[" is a plain member
-                members.add(c)
-                prev = c
-            else:
-                name = pattern[i + 2 : end - 1]
-                if name not in _POSIX_CLASSES:
-                    return None
-                members.update(_POSIX_CLASSES[name])
-                prev = None
-                i = end
-        else:
-            members.add(c)
-            prev = c
-        i += 1
-    body = "".join(re.escape(m) for m in sorted(members))
-    body += "".join(f"{re.escape(lo)}-{re.escape(hi)}" for lo, hi in ranges if lo <= hi)
-    if negated:
-        return f"[^{body}/]", i + 1
-    return (f"(?!/)[{body}]" if body else "(?!)"), i + 1
-
-
-def _wildmatch_to_regex(pattern: str, start: int = 0) -> str | None:
-    """A regex that matches what git's wildmatch (with WM_PATHNAME) matches, or None for a pattern that
-    matches nothing (malformed brackets, a trailing backslash). ``*`` and ``?`` stop at ``/``; ``**`` matches
-    across folders only as a whole segment (``**/x``, ``x/**``, ``x/**/y``), or where it starts at ``start``,
-    the end of the literal prefix that git compares separately (so ``foo**/bar`` matches ``foo/a/bar``)."""
-    out = []
-    i, n = 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == "\\":
-            if i + 1 >= n:
-                return None
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-        elif c == "*":
-            j = i
-            while j < n and pattern[j] == "*":
-                j += 1
-            segment = i == start or pattern[i - 1] == "/"
-            if j - i >= 2 and segment and (j == n or pattern.startswith(("/", "\\/"), j)):
-                if j == n:
-                    out.append(".*")
-                else:
-                    out.append("(?:.*/)?")
-                    j += 1 if pattern[j] == "/" else 2
-            else:
-                out.append("[^/]*")
-            i = j
-        elif c == "?":
-            out.append("[^/]")
-            i += 1
-        elif c == "[":
-            bracket = _bracket_to_regex(pattern, i + 1)
-            if bracket is None:
-                return None
-            regex, i = bracket
-            out.append(regex)
-        else:
-            out.append(re.escape(c))
-            i += 1
-    return "".join(out)
-
-
-def _trim_trailing_spaces(line: str) -> str:
-    """Drop trailing spaces unless escaped with a backslash (git's trim_trailing_spaces)."""
-    last_space = None
-    i = 0
-    while i < len(line):
-        c = line[i]
-        if c == " ":
-            if last_space is None:
-                last_space = i
-        elif c == "\\":
-            i += 1
-            if i >= len(line):
-                return line
-            last_space = None
-        else:
-            last_space = None
-        i += 1
-    return line if last_space is None else line[:last_space]
-
-
-def parse_gitignore(lines: Iterable[str]) -> list[_IgnoreRule]:
-    """Rules of a ``.gitignore`` as git reads them (comments, ``!`` negation, trailing ``/`` for folders,
-    anchoring, ``**``, brackets with git's wildmatch rules). Any line is accepted: a pattern git would
-    never match (``[]``, ``[a-``, a trailing ``\\``) is left out rather than raising."""
-    rules = []
-    for raw in lines:
-        line = raw.rstrip("\n")
-        line = line[:-1] if line.endswith("\r") else line
-        if not line or line.startswith("#"):
-            continue
-        line = _trim_trailing_spaces(line)
-        negate = line.startswith("!")
-        if negate:
-            line = line[1:]
-        dir_only = line.endswith("/")
-        if dir_only:
-            line = line[:-1]
-        if not line:
-            continue
-        anchored = "/" in line  # a slash anywhere but at the end ties the pattern to this folder
-        if line.startswith("/"):
-            line = line[1:]
-        if anchored:
-            literal_end = next((k for k, ch in enumerate(line) if ch in "*?[\\"), len(line))
-            body = _wildmatch_to_regex(line, literal_end)
-        else:
-            body = _wildmatch_to_regex(line)
-        if body is None:
-            continue
-        try:
-            regex = re.compile(body if anchored else f"(?:.*/)?{body}", re.DOTALL)
-        except re.error:  # pragma: no cover - every piece is escaped; kept so that no pattern can crash a run
-            continue
-        rules.append(_IgnoreRule(regex, negate, dir_only))
-    return rules
-
-
-@dataclass
-class _IgnoreSet:
-    base: str  # the folder the patterns are relative to
-    rules: list[_IgnoreRule]
-
-
-def _ignored(path: str, is_dir: bool, ignore_sets: list[_IgnoreSet]) -> bool:
-    verdict = False
-    for ignore_set in ignore_sets:
-        rel = os.path.relpath(path, ignore_set.base).replace(os.sep, "/")
-        if rel.startswith("../"):
-            continue
-        for rule in ignore_set.rules:
-            if rule.dir_only and not is_dir:
-                continue
-            if rule.regex.fullmatch(rel):
-                verdict = not rule.negate
-    return verdict
-
-
-def _read_gitignore(folder: str) -> _IgnoreSet | None:
+def _read_gitignore(folder: str) -> IgnoreSet | None:
     try:  # a .gitignore that is a named pipe or a device is never opened, as git does not read one either
         data = _read_bytes(os.path.join(folder, ".gitignore"))
     except (OSError, _NotRegularFile):
         return None
     text = data.decode("utf-8", errors="replace").removeprefix("\ufeff")  # git skips a UTF-8 BOM
-    return _IgnoreSet(folder, parse_gitignore(text.split("\n")))
+    return IgnoreSet(folder, parse_gitignore(text.split("\n")))
 
 
-def _ancestor_ignores(folder: str) -> list[_IgnoreSet]:
+def _ancestor_ignores(folder: str) -> list[IgnoreSet]:
     """``.gitignore`` files of the folders above ``folder`` up to the repository root (the one with ``.git``)."""
     chain = []
     current = os.path.abspath(folder)
@@ -503,7 +342,7 @@ def discover(paths: Sequence[str], *, exclude: Sequence[str] = ()) -> tuple[list
     loops become TW900 findings."""
     files: list[str] = []
     errors: list[Finding] = []
-    extra = [_IgnoreSet(os.getcwd(), parse_gitignore(exclude))] if exclude else []
+    extra = [IgnoreSet(os.getcwd(), parse_gitignore(exclude))] if exclude else []
     for raw in paths:
         path = os.path.normpath(raw)
         try:
@@ -522,7 +361,7 @@ def discover(paths: Sequence[str], *, exclude: Sequence[str] = ()) -> tuple[list
     return unique, errors
 
 
-def _walk(folder: str, ignore_sets: list[_IgnoreSet], ancestors: set[tuple[int, int]], visited: set[tuple[int, int]],
+def _walk(folder: str, ignore_sets: list[IgnoreSet], ancestors: set[tuple[int, int]], visited: set[tuple[int, int]],
           files: list[str], errors: list[Finding]) -> None:
     own = _read_gitignore(folder)
     if own is not None:
@@ -544,7 +383,7 @@ def _walk(folder: str, ignore_sets: list[_IgnoreSet], ancestors: set[tuple[int, 
                 errors.append(parse_error(path, f"cannot read: {_os_reason(exc)}"))
             continue
         if stat.S_ISDIR(st.st_mode):
-            if entry.name in SKIP_DIRS or entry.name.endswith(".egg-info") or _ignored(path, True, ignore_sets):
+            if entry.name in SKIP_DIRS or entry.name.endswith(".egg-info") or ignored(path, True, ignore_sets):
                 continue
             key = (st.st_dev, st.st_ino)
             if key in ancestors:
@@ -554,7 +393,7 @@ def _walk(folder: str, ignore_sets: list[_IgnoreSet], ancestors: set[tuple[int, 
                 continue
             visited.add(key)
             _walk(path, ignore_sets, ancestors | {key}, visited, files, errors)
-        elif stat.S_ISREG(st.st_mode) and entry.name.endswith(SUFFIXES) and not _ignored(path, False, ignore_sets):
+        elif stat.S_ISREG(st.st_mode) and entry.name.endswith(SUFFIXES) and not ignored(path, False, ignore_sets):
             files.append(path)
 
 
@@ -562,5 +401,5 @@ def _os_reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-__all__ = ["Config", "FileResult", "analyse", "check_file", "check_paths", "check_source", "discover",
+__all__ = ["Config", "FileResult", "analyse", "check_file", "check_paths", "check_source", "check_sources", "discover",
            "load_config", "parse_codes"]

@@ -12,7 +12,13 @@ same-file function it calls, or read a block's statements in order:
   ``backward()`` of the same scope after it (rollouts stored for a later update);
 - ``Functions.eval_loops()``: loops that run a model after ``model.eval()`` (or ``model = ....eval()``) in
   the same block, with no ``model.train()`` in between;
-- ``Functions.optimizer_modules(node)``: the modules whose ``.parameters()`` an optimizer was built from.
+- ``Functions.optimizer_modules(node)``: the modules whose ``.parameters()`` an optimizer was built from;
+- ``Functions.flag_conditions(stmt, fn)``: the ``if flag:`` tests on parameters a statement runs under, and
+  ``Functions.cudnn_switches(fn)``: the cuDNN switches a function sets (TW202);
+- ``callees(ctx, call)``: the functions a call may call, in its own file or (through the program) another
+  one; ``value_at_call(...)``: the constant a call gives a parameter, its default included;
+  ``reaches_call(ctx, container, predicate)``: a call that code there makes, itself or through helpers of
+  any file of the run.
 
 Built lazily, once per ``Context`` (a weak table, so nothing outlives the file); every answer leans towards
 "unknown" (``None``) or towards silence, as the context does. No torch import, no recursion over the tree.
@@ -21,15 +27,18 @@ Built lazily, once per ``Context`` (a weak table, so nothing outlives the file);
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from trainwise.doctor.context import (
     DEFINITIONS,
     Binding,
     Context,
+    argument,
     dotted,
+    is_bound_method,
     is_const,
+    is_param,
     last_name,
     method_call,
     position,
@@ -66,6 +75,19 @@ class Reached:
 
 
 @dataclass(frozen=True)
+class Switch:
+    """A cuDNN switch a function sets, ``torch.backends.cudnn.<name> = <value>``: ``value`` the constant
+    (``...`` when not one), ``param`` the parameter it reads instead (``cudnn.benchmark = benchmark``), and
+    the ``if flag:`` tests on parameters it runs under."""
+
+    name: str
+    value: object
+    param: str | None
+    node: ast.Assign
+    conditions: tuple[tuple[str, bool], ...] = ()
+
+
+@dataclass(frozen=True)
 class EvalLoop:
     """A loop that runs ``model`` after ``marker`` (``model.eval()``) in the same block."""
 
@@ -84,6 +106,7 @@ class Functions:
         self._seeds: dict[int, list[tuple[ast.AST, ast.Call]]] = {}
         self._flows: dict[int, tuple[set[int], set[str]]] = {}
         self._eval_loops: list[EvalLoop] | None = None
+        self._switches: dict[int, list[Switch]] = {}
 
     # ------------------------------------------------------------------------------------- call resolution
     def targets(self, call: ast.Call) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
@@ -393,6 +416,111 @@ class Functions:
                         if more:
                             found |= more
         return found or None
+
+
+    # ------------------------------------------------------------------------------------- conditions
+    def flag_conditions(self, stmt: ast.AST, fn: ast.AST) -> list[tuple[str, bool]] | None:
+        """The ``if flag:`` / ``if not flag:`` tests on parameters of ``fn`` around ``stmt`` (``(flag, True)``
+        in the body of ``if flag:``); None when a test on a parameter has another shape (``if args.x:``,
+        ``if a and b:``). Tests that read no parameter are left out: they do not depend on the call."""
+        out = []
+        child = stmt
+        for parent in self.ctx.ancestors(stmt):
+            if parent is fn:
+                return out
+            if isinstance(parent, ast.If) and any(is_param(fn, n.id) for n in ast.walk(parent.test)
+                                                  if isinstance(n, ast.Name)):
+                wanted = any(child is s for s in parent.body)
+                test = parent.test
+                if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+                    test, wanted = test.operand, not wanted
+                if not isinstance(test, ast.Name):
+                    return None
+                out.append((test.id, wanted))
+            child = parent
+        return out
+
+    # ---------------------------------------------------------------------------------------- cudnn
+    def cudnn_switches(self, fn: ast.AST) -> list[Switch]:
+        """The ``torch.backends.cudnn.deterministic``/``benchmark`` assignments of a function's own body, in
+        order; one under a test on a parameter of another shape than ``if flag:`` is left out (unknown)."""
+        cached = self._switches.get(id(fn))
+        if cached is not None:
+            return cached
+        found: list[Switch] = []
+        for node in walk_own(getattr(fn, "body", [])):
+            if not isinstance(node, ast.Assign):
+                continue
+            for target in node.targets:
+                if not (isinstance(target, ast.Attribute) and target.attr in ("deterministic", "benchmark")
+                        and self.ctx.qualname(target.value) == "torch.backends.cudnn"):
+                    continue
+                conditions = self.flag_conditions(node, fn)
+                if conditions is None:
+                    continue
+                value = node.value
+                param = value.id if isinstance(value, ast.Name) and is_param(fn, value.id) else None
+                constant = value.value if isinstance(value, ast.Constant) else ...
+                found.append(Switch(target.attr, constant, param, node, tuple(conditions)))
+        found.sort(key=lambda s: position(s.node))
+        self._switches[id(fn)] = found
+        return found
+
+
+def callees(ctx: Context, call: ast.Call) -> list[tuple[Context, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """The functions ``call`` may call, each with its file's context: same-file functions by name (see
+    ``Functions.targets``), or the function of another file of the run it imports."""
+    found = [(ctx, fn) for fn in functions(ctx).targets(call)]
+    if not found and ctx.program is not None:
+        other = ctx.program.callee(ctx, call)
+        if other is not None:
+            found.append(other)
+    return found
+
+
+def reaches_call(ctx: Context, container: ast.AST, predicate: Callable[[ast.Call], bool], depth: int = 3) -> bool:
+    """Whether a call satisfying ``predicate`` happens in ``container``, in a same-file helper it calls
+    (``Context.reaches_call``), or in a function of another file of the run that one of them calls (followed
+    the same way there, ``depth`` levels in all)."""
+    if ctx.reaches_call(container, predicate, depth):
+        return True
+    program = ctx.program
+    if program is None or depth <= 0 or len(program.paths) < 2:
+        return False
+    for node in (container, *ctx.helpers_called(container, depth)):
+        for call in ctx.calls_within(node):
+            found = program.callee(ctx, call)
+            if found is not None and reaches_call(found[0], found[1], predicate, depth - 1):
+                return True
+    return False
+
+
+def constant_of(ctx: Context, expr: ast.AST) -> object:
+    """A literal, a name bound once to one, or a constant imported from another file of the run; ``...``."""
+    return ctx.program.constant(ctx, expr) if ctx.program is not None else ctx.constant(expr)
+
+
+def value_at_call(callee: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str, caller: Context,
+                  call: ast.Call) -> object:
+    """The constant ``call`` (in ``caller``) gives the parameter ``name`` of ``fn`` (in ``callee``): the
+    argument it passes, else the parameter's default; ``...`` when unknown."""
+    method = is_bound_method(fn, callee.parent(fn))  # obj.f(...), Cls(...) for __init__: self is not passed
+    passed = argument(fn, name, call, method=method)
+    if passed is not None:
+        return constant_of(caller, passed)
+    default = argument(fn, name, call, method=method, default=True)
+    return constant_of(callee, default) if default is not None else ...
+
+
+def conditions_hold(callee: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef,
+                    conditions: tuple[tuple[str, bool], ...] | list[tuple[str, bool]], caller: Context,
+                    call: ast.Call) -> bool:
+    """Whether every ``if flag:`` test holds for the constants ``call`` passes (unknown values do not)."""
+    for name, wanted in conditions:
+        value = value_at_call(callee, fn, name, caller, call)
+        if value is ... or bool(value) is not wanted:
+            return False
+    return True
 
 
 def functions(ctx: Context) -> Functions:

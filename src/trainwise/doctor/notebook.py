@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from trainwise.doctor.analysis import analyse, parse, parse_error
 from trainwise.doctor.rule import Finding, Rule
+
+if TYPE_CHECKING:
+    from trainwise.doctor.program import Program
 from trainwise.doctor.text import split_lines
 
 # Line magics, shell escapes, `?obj` help and `x = !cmd` / `x = %magic` assignments: not Python. Only a line
@@ -151,9 +155,10 @@ class _Scanner:
         return -1
 
 
-def check_notebook(data: bytes, path: str, *, rules: Sequence[type[Rule]]) -> tuple[list[Finding], bool]:
+def check_notebook(data: bytes, path: str, *, rules: Sequence[type[Rule]],
+                   program: Program | None = None) -> tuple[list[Finding], bool]:
     """Findings of a notebook's code cells, located by cell and line. A cell that does not parse gets one
-    TW900 finding and is left out; the other cells are still checked."""
+    TW900 finding and is left out; the other cells are still checked. ``program``: the files of the run."""
     try:
         cells = cell_sources(data)
     except ValueError as exc:
@@ -163,11 +168,13 @@ def check_notebook(data: bytes, path: str, *, rules: Sequence[type[Rule]]) -> tu
     taken_out = 0
     while True:
         joined = join_cells(cells)
-        findings, parsed = analyse(joined.source, path, rules=rules)
+        findings, parsed = analyse(joined.source, path, rules=rules, program=program)
         broken = [f for f in findings if f.code == "TW900"] if not parsed else []
         for finding in findings:
             finding.cell, finding.line = joined.locate(finding.line)
             finding.fix = None  # --fix does not rewrite notebooks (yet): their findings are reported only
+            finding.related = tuple(replace(r, cell=c, line=n) if r.path == path and r.cell is None else r
+                                    for r in finding.related for c, n in [joined.locate(r.line)])
         if not broken:
             return sorted(errors + findings, key=Finding.sort_key), not errors
         if not alone_checked:

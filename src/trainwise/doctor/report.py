@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from trainwise.doctor.rule import Finding
+from trainwise.doctor.rule import Finding, Related
 
 FORMATS = ("text", "json", "sarif", "github")
 
@@ -17,10 +17,17 @@ def location(finding: Finding) -> str:
     return f"{finding.path}:{cell}{finding.line}:{finding.column}"
 
 
+def related_location(related: Related) -> str:
+    """``path:line:col`` of another place a finding names (``path:cell N:line:col`` in a notebook)."""
+    return f"{related.where()}:{related.column}"
+
+
 def render_text(findings: Sequence[Finding], out: TextIO, *, files: int, summary: bool = True) -> None:
-    """One line per finding, then a summary line."""
+    """One line per finding (and an indented ``note`` line for each other place it names), then a summary."""
     for finding in findings:
         out.write(f"{location(finding)}: {finding.code} {finding.message}\n")
+        for related in finding.related:
+            out.write(f"  {related_location(related)}: note: {related.message}\n")
     if not summary:
         return
     noun = "file" if files == 1 else "files"
@@ -76,6 +83,19 @@ def sarif(findings: Sequence[Finding]) -> dict[str, Any]:
                 }
             ],
         }
+        if f.related:
+            result["relatedLocations"] = [
+                {
+                    "id": number,
+                    "message": {"text": r.message},
+                    "physicalLocation": {
+                        "artifactLocation": {"uri": r.path.replace("\\", "/")},
+                        "region": {"startLine": r.line, "startColumn": r.column},
+                    },
+                    **({"properties": {"cell": r.cell}} if r.cell is not None else {}),
+                }
+                for number, r in enumerate(f.related, start=1)
+            ]
         if f.code in index:
             result["ruleIndex"] = index[f.code]
         if f.cell is not None:
@@ -112,7 +132,9 @@ def render_github(findings: Sequence[Finding], out: TextIO) -> None:
     for f in findings:
         title = _escape_property(f"trainwise doctor ({f.code} {f.name})")
         where = f"file={_escape_property(f.path)},line={f.line},col={f.column}"
-        out.write(f"::error title={title},{where}::{_escape_data(f'{location(f)}: {f.code} {f.message}')}\n")
+        text = f"{location(f)}: {f.code} {f.message}" + "".join(
+            f"\n{related_location(r)}: note: {r.message}" for r in f.related)
+        out.write(f"::error title={title},{where}::{_escape_data(text)}\n")
 
 
 def render(findings: Sequence[Finding], out: TextIO, *, fmt: str = "text", files: int = 0) -> None:

@@ -43,9 +43,34 @@ class Fix:
     safe: bool = True
 
 
+@dataclass(frozen=True)
+class Related:
+    """Another place a finding names (a finding across files: the line that freezes a backbone, the helper in
+    another file whose ``model.train()`` undoes it): 1-based line and column, the cell in a notebook, and what
+    happens there."""
+
+    path: str
+    line: int
+    column: int
+    message: str
+    cell: int | None = None
+
+    def where(self) -> str:
+        """``path:line``, or ``path:cell N:line`` inside a notebook: how a message names the place."""
+        cell = f"cell {self.cell}:" if self.cell is not None else ""
+        return f"{self.path}:{cell}{self.line}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"path": self.path, "line": self.line, "column": self.column, "message": self.message}
+        if self.cell is not None:
+            data["cell"] = self.cell
+        return data
+
+
 @dataclass
 class Finding:
-    """One diagnostic: where (1-based line and column; ``cell`` for notebooks), which rule, and what to do."""
+    """One diagnostic: where (1-based line and column; ``cell`` for notebooks), which rule, and what to do;
+    ``related``: the other places it names (in other files, or elsewhere in this one)."""
 
     path: str
     line: int
@@ -57,6 +82,7 @@ class Finding:
     cell: int | None = None
     end_line: int | None = None
     end_column: int | None = None
+    related: tuple[Related, ...] = field(default=(), compare=False)
 
     @property
     def fixable(self) -> bool:
@@ -80,6 +106,8 @@ class Finding:
         }
         if self.cell is not None:
             data["cell"] = self.cell
+        if self.related:
+            data["related"] = [r.to_dict() for r in self.related]
         return data
 
 
@@ -103,18 +131,21 @@ class Rule:
         self.ctx = ctx
         self._sink = sink
 
-    def report(self, node: ast.AST, message: str | None = None, *, fix: Fix | None = None) -> None:
-        """Report a finding at ``node`` (its first line and column), with an optional fix."""
+    def report(self, node: ast.AST, message: str | None = None, *, fix: Fix | None = None,
+               related: tuple[Related, ...] = ()) -> None:
+        """Report a finding at ``node`` (its first line and column), with an optional fix and the other places
+        it names (``self.ctx.program.place(ctx, node, message)``)."""
         self._sink.append(
             Finding(
                 path=self.ctx.path,
                 line=getattr(node, "lineno", 1),
-                column=_column(self.ctx, node),
+                column=column_of(self.ctx, node),
                 code=self.code,
                 name=self.name,
                 message=message or self.message,
                 fix=fix,
                 end_line=getattr(node, "end_lineno", None),
+                related=tuple(related),
             )
         )
 
@@ -149,7 +180,7 @@ class Rule:
         return found
 
 
-def _column(ctx: Context, node: ast.AST) -> int:
+def column_of(ctx: Context, node: ast.AST) -> int:
     """1-based column in characters (``ast`` counts UTF-8 bytes)."""
     offset = getattr(node, "col_offset", 0)
     line_no = getattr(node, "lineno", 1)

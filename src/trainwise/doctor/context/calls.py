@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from trainwise.doctor.context.syntax import (
     DEFINITIONS,
+    is_bound_method,
     last_name,
     position,
 )
@@ -191,3 +192,34 @@ class CallGraph:
     def call_sites(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
         """Calls of a same-file function by its name: ``f(...)``, ``self.f(...)``, ``obj.f(...)``."""
         return [c for c in self.nodes(ast.Call) if last_name(c.func) == fn.name]  # type: ignore[attr-defined]
+
+    def calls_named(self, name: str) -> list[ast.Call]:
+        """Every call of the file whose callee's last name is ``name`` (``f(...)``, ``x.f(...)``), indexed once."""
+        table = self._cache.get(("calls_named", 0))  # type: ignore[arg-type]
+        if table is None:
+            table = {}
+            for call in self.nodes(ast.Call):
+                key = last_name(call.func)  # type: ignore[attr-defined]
+                if key is not None:
+                    table.setdefault(key, []).append(call)
+            self._cache[("calls_named", 0)] = table  # type: ignore[index]
+        return table.get(name, [])  # type: ignore[union-attr]
+
+    def calls_of(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
+        """The calls of a same-file function by its name, where that name is unambiguous: ``f(...)`` (or
+        ``utils.f(...)``) for a function, ``self.f(...)`` / ``obj.f(...)`` for a method; none when another
+        function or method of the same kind has that name (stricter than ``call_sites``)."""
+        method = is_bound_method(fn, self.parent(fn))
+        named = self.functions_named(fn.name)
+        if sum(1 for f in named if is_bound_method(f, self.parent(f)) == method) != 1:
+            return []
+        calls = self.calls_named(fn.name)
+        if method:
+            return [c for c in calls if isinstance(c.func, ast.Attribute)]
+        if any(is_bound_method(f, self.parent(f)) for f in named):
+            return [c for c in calls if isinstance(c.func, ast.Name)]
+        return calls
+
+    def constructions(self, cls: ast.ClassDef) -> list[ast.Call]:
+        """The calls ``Cls(...)`` of a class of the file by its plain name."""
+        return [c for c in self.calls_named(cls.name) if isinstance(c.func, ast.Name)]

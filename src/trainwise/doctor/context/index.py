@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from trainwise.doctor.context.syntax import (
     Binding,
@@ -15,6 +15,9 @@ from trainwise.doctor.context.syntax import (
     position,
 )
 from trainwise.doctor.text import split_lines
+
+if TYPE_CHECKING:
+    from trainwise.doctor.program import Program
 
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
@@ -91,6 +94,7 @@ class FileIndex:
         self.method_receivers: dict[str, set[str]] = {}  # method name -> dotted receivers it is called on
         self.called: set[str] = set()  # dotted names called like functions: model(x)
         self.module_classes: set[str] = set()  # classes of this file that subclass nn.Module
+        self.program: Program | None = None  # the files of the run, for questions across files (program.py)
         self._cache: dict[tuple[str, int], object] = {}
         self._analyses: dict[type, object] = {}
         self._source_lines: list[str] | None = None
@@ -374,3 +378,49 @@ class FileIndex:
             if len(found) == 1 and found[0].kind == "assign" and not found[0].unpacked and found[0].value is not None:
                 return self.constant(found[0].value, depth + 1)
         return ...
+
+    def class_named(self, name: str, at: ast.AST) -> ast.ClassDef | None:
+        """The class of the file a plain name at ``at`` refers to (its ``class`` statement), else None."""
+        for b in self.lookup(name, at):
+            if b.kind == "def" and isinstance(b.stmt, ast.ClassDef):
+                return b.stmt
+        return None
+
+    def value_of(self, name: ast.Name, at: ast.AST) -> ast.AST | None:
+        """The one value a name is built from: ``model = resnet50(...).to(device)``; ``model = model.cuda()``
+        and ``model = torch.compile(model)`` rebind it to itself and do not count, and the same construction
+        repeated (a notebook cell run again, copied further down) counts once."""
+        values: dict[str, ast.AST] = {}
+        for b in self.lookup(name.id, at):
+            if b.kind != "assign" or b.unpacked or b.value is None:
+                return None
+            value = self.strip_moves(b.value)
+            if not (isinstance(value, ast.Name) and value.id == name.id):
+                values.setdefault(ast.dump(value), value)
+        return next(iter(values.values())) if len(values) == 1 else None
+
+    def self_value(self, cls: ast.ClassDef, attr: str) -> ast.AST | None:
+        """The one value ``self.<attr>`` is built from in the methods of ``cls``."""
+        values = []
+        for b in self.attr_bindings.get(f"self.{attr}", []):
+            if self.enclosing_class(b.stmt) is not cls:
+                continue
+            if b.kind != "assign" or b.unpacked or b.value is None:
+                return None
+            value = self.strip_moves(b.value)
+            if dotted(value) != f"self.{attr}":
+                values.append(value)
+        return values[0] if len(values) == 1 else None
+
+    def strip_moves(self, value: ast.expr) -> ast.expr:
+        """``resnet50(...).to(device)`` -> ``resnet50(...)``, ``torch.compile(model)`` -> ``model``: the module
+        itself, without the moves and the compilation that return it."""
+        while True:
+            if (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+                    and value.func.attr in ("to", "cuda", "cpu", "float")):
+                value = value.func.value  # type: ignore[attr-defined]
+            elif (isinstance(value, ast.Call) and len(value.args) == 1 and not isinstance(value.args[0], ast.Starred)
+                  and self.qualname(value.func) == "torch.compile"):
+                value = value.args[0]
+            else:
+                return value

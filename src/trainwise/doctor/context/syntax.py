@@ -126,3 +126,50 @@ def names_in(node: ast.AST, *, returned: bool = False) -> set[str]:
                 found.add(key)
         stack.extend(ast.iter_child_nodes(sub))
     return found
+
+
+def is_param(fn: ast.AST, name: str) -> bool:
+    """Whether ``name`` is a parameter of the function ``fn`` (positional or keyword; not ``*args``)."""
+    args = getattr(fn, "args", None)
+    if not isinstance(args, ast.arguments):
+        return False
+    return any(a.arg == name for a in (*args.posonlyargs, *args.args, *args.kwonlyargs))
+
+
+def argument(fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, name: str, call: ast.Call, *,
+             method: bool = False, default: bool = False) -> ast.expr | None:
+    """The expression ``call`` passes for the parameter ``name`` of ``fn`` (``method``: a call bound to an
+    instance, whose first parameter is not passed); with ``default``, the parameter's default value when the
+    call does not pass it. None when unknown (``*args``/``**kwargs`` in the way, no such parameter)."""
+    kw = keyword(call, name)
+    if kw is not None:
+        return kw.value
+    args = fn.args
+    positional = [a.arg for a in (*args.posonlyargs, *args.args)]
+    if name in positional:
+        index = positional.index(name) - (1 if method else 0)
+        if index < 0 or any(isinstance(a, ast.Starred) for a in call.args[: index + 1]):
+            return None
+        if index < len(call.args):
+            return call.args[index]
+        if not default or has_star_kwargs(call):
+            return None
+        first_default = len(positional) - len(args.defaults)
+        at = positional.index(name)
+        return args.defaults[at - first_default] if at >= first_default else None
+    for arg, value in zip(args.kwonlyargs, args.kw_defaults):
+        if arg.arg == name and default and not has_star_kwargs(call):
+            return value
+    return None
+
+
+def is_bound_method(fn: ast.AST, parent: ast.AST | None) -> bool:
+    """A function defined in a class body (``parent``) and bound to its instance: not a static method."""
+    if not isinstance(parent, ast.ClassDef):
+        return False
+    return not any(last_name(d) == "staticmethod" for d in getattr(fn, "decorator_list", ()))
+
+
+def init_of(cls: ast.ClassDef) -> ast.FunctionDef | None:
+    """The ``__init__`` defined in a class's own body, if any."""
+    return next((fn for fn in cls.body if isinstance(fn, ast.FunctionDef) and fn.name == "__init__"), None)

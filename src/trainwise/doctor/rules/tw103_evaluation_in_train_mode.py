@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
+from typing import Any
 
-from trainwise.doctor.context import is_const, keyword, last_name, method_call, position
+from trainwise.doctor.context import Context, is_const, keyword, last_name, method_call, position
+from trainwise.doctor.functions import reaches_call
 from trainwise.doctor.rule import Rule
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -61,6 +64,11 @@ class EvaluationInTrainMode(Rule):
     `backward()` (a linear probe on a frozen backbone, whose BatchNorm statistics must not change): that
     mode is chosen, not left over from the evaluation.
 
+    When such an evaluation function is called from other files of the run (`validate(model, val_loader)`
+    in `train.py`, the function in `utils/metrics.py`), those calls decide: a caller (or a helper it calls, in
+    any file of the run) that puts the model in eval mode silences the rule; when none does, the finding names
+    the calls.
+
     ## Example
     ```python
     import torch
@@ -96,51 +104,53 @@ class EvaluationInTrainMode(Rule):
     name = "evaluation-in-train-mode"
     message = "the evaluation runs the model in train mode: call model.eval() first"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._outside: dict[int, list[tuple[Context, ast.Call]]] = {}  # function -> its calls from other files
+
     def visit_Module(self, node: ast.Module) -> None:
         """Check the evaluation loops, then the training loops that run them."""
         regions = self.ctx.evaluation_regions()
         if not regions:
             return
         for region, calls in regions:
-            if self._mode_set_around(region, _sets_eval):
+            if _mode_set_around(self.ctx, region, _sets_eval):
                 continue
             if self._mode_left_to_callers(region, calls):
                 continue
+            fn = region if isinstance(region, _FUNCTIONS) else self.ctx.scope(region)
+            outside = self._outside.get(id(fn), [])[:3]
+            program = self.ctx.program
+            where = "" if not outside or program is None else (
+                f" (nor where it is called, {', '.join(program.where(c, s) for c, s in outside)})")
+            related = () if program is None else tuple(
+                program.place(c, s, "called here, with nothing that puts the model in eval mode") for c, s in outside)
             for call in calls:
                 if self.ctx.under_unknown_with(call, _TRANSPARENT_WITH) or self._loaded_model(call):
                     continue
                 self.report(
                     call,
-                    f"`{self.ctx.segment(call.func)}` runs in an evaluation loop, but nothing puts it in eval mode: "
-                    f"dropout and BatchNorm act as in training; call `.eval()` before the loop",
+                    f"`{self.ctx.segment(call.func)}` runs in an evaluation loop, but nothing puts it in eval mode"
+                    f"{where}: dropout and BatchNorm act as in training; call `.eval()` before the loop",
+                    related=related,
                 )
                 break
         self._training_after_evaluation(regions)
 
     # --------------------------------------------------------------------------------- eval() missing
-    def _mode_set_around(self, region: ast.AST, predicate: object) -> bool:
-        """The mode call in the function holding the region, its helpers, or its callers (two levels up)."""
-        start = region if isinstance(region, _FUNCTIONS) else self.ctx.scope(region)
-        frontier = [start]
-        for _ in range(3):
-            next_frontier = []
-            for fn in frontier:
-                if self.ctx.reaches_call(fn, predicate):  # type: ignore[arg-type]
-                    return True
-                if isinstance(fn, _FUNCTIONS):
-                    next_frontier.extend(self.ctx.scope(site) for site in self.ctx.call_sites(fn))
-                    outer = self.ctx.scope(fn)
-                    if isinstance(outer, _FUNCTIONS):
-                        next_frontier.append(outer)
-            frontier = next_frontier
-        return False
-
     def _mode_left_to_callers(self, region: ast.AST, calls: list[ast.Call]) -> bool:
         """An evaluation function of a model it takes as an argument, called nowhere in this file, that sets
-        neither the mode nor autograd (no ``eval()``/``train()``, no ``no_grad``): its callers, in another
-        file, set up the evaluation, so the file alone cannot tell."""
+        neither the mode nor autograd (no ``eval()``/``train()``, no ``no_grad``): its callers set up the
+        evaluation. When they are in other files of the run, they decide: the mode set around any of them
+        silences the rule, none set it reports; when they are outside the run, the file alone cannot tell."""
         fn = region if isinstance(region, _FUNCTIONS) else self.ctx.scope(region)
         if not isinstance(fn, _FUNCTIONS) or self.ctx.call_sites(fn):
+            return False
+        outside = self.ctx.program.callers(self.ctx, fn) if self.ctx.program is not None else []
+        if outside:
+            if any(_mode_set_around(ctx, site, _sets_eval) for ctx, site in outside):
+                return True
+            self._outside[id(fn)] = outside
             return False
         if any(self.ctx.grad_disabled(call) for call in calls):
             return False  # it turns autograd off itself: an evaluation complete but for eval()
@@ -227,6 +237,25 @@ class EvaluationInTrainMode(Rule):
             not isinstance(r, _FUNCTIONS) and self.ctx.scope(r) is fn and self.ctx.enclosing_loop(r) is loop
             for r in evaluating
         )
+
+
+def _mode_set_around(ctx: Context, region: ast.AST, predicate: Callable[[ast.Call], bool]) -> bool:
+    """The mode call in the function holding the region, its helpers (of any file of the run), or its callers
+    in the file (two levels up)."""
+    start = region if isinstance(region, _FUNCTIONS) else ctx.scope(region)
+    frontier = [start]
+    for _ in range(3):
+        next_frontier = []
+        for fn in frontier:
+            if reaches_call(ctx, fn, predicate):
+                return True
+            if isinstance(fn, _FUNCTIONS):
+                next_frontier.extend(ctx.scope(site) for site in ctx.call_sites(fn))
+                outer = ctx.scope(fn)
+                if isinstance(outer, _FUNCTIONS):
+                    next_frontier.append(outer)
+        frontier = next_frontier
+    return False
 
 
 def _receiver_name(call: ast.Call) -> str | None:

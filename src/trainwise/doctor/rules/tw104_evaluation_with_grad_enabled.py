@@ -31,6 +31,11 @@ class EvaluationWithGradEnabled(Rule):
       `model.train()` in between: an evaluation function under any name (`check_accuracy(loader, model)`),
       the test section at the end of a training script, a prediction or generation loop.
 
+    An evaluation function called from other files of the run (`evaluate(model, val_loader)` in `train.py`,
+    defined in `utils/engine.py`) is judged with those calls: any call made with autograd off (or under
+    another context manager, or in a decorated function), or whose result reaches a `backward()`, silences
+    the rule; otherwise the finding names the calls.
+
     ## Why is this bad?
     With autograd on, every forward pass records its graph and keeps the activations alive for a backward
     pass that never comes: evaluation uses several times the memory it needs (often the cause of an
@@ -52,7 +57,7 @@ class EvaluationWithGradEnabled(Rule):
     evaluation runs inside any other context manager or is decorated (which may turn autograd off), when
     any call of the function in the file is made with autograd off, for a module-level function that the
     file never calls nor names and that leaves evaluation mode to its caller (no `model.eval()` of its own:
-    the `validation(model, ...)` of a training package, whose callers in other files set the mode and may
+    the `validation(model, ...)` of a training package, whose callers outside the run set the mode and may
     turn autograd off with it), for a loop that ends in an unconditional `break` (one batch to plot) or
     sits after a `return`, and for methods of `nn.Module` and Lightning classes, `*_step` and `on_*` hooks,
     and `model.eval()` loops in test files (pytest, unittest).
@@ -95,6 +100,7 @@ class EvaluationWithGradEnabled(Rule):
         super().__init__(*args, **kwargs)
         self._exits: dict[tuple[int, str], tuple[int, int] | None] = {}
         self._names: set[str] | None = None
+        self._outside: dict[int, list[tuple[Context, ast.Call]]] = {}  # function -> its calls from other files
 
     def visit_Module(self, node: ast.Module) -> None:
         """Check every evaluation loop of the file."""
@@ -124,10 +130,18 @@ class EvaluationWithGradEnabled(Rule):
                     frozen = _Frozen(self.ctx)
                 if frozen.covers(call.func):
                     continue
+                outside = self._outside.get(id(self._function_of(region)), [])
+                where = ""
+                if outside:
+                    program = self.ctx.program
+                    assert program is not None
+                    where = f" (called with autograd on from {', '.join(program.where(c, s) for c, s in outside[:3])})"
                 self.report(
                     call,
-                    f"`{self.ctx.segment(call.func)}` runs in an evaluation loop with autograd on: every batch records "
-                    f"a graph it never uses; wrap the loop in `torch.no_grad()` or `torch.inference_mode()`",
+                    f"`{self.ctx.segment(call.func)}` runs in an evaluation loop with autograd on{where}: every batch "
+                    f"records a graph it never uses; wrap the loop in `torch.no_grad()` or `torch.inference_mode()`",
+                    related=tuple(self.ctx.program.place(c, s, "called here with autograd on")  # type: ignore[union-attr]
+                                  for c, s in outside[:3]),
                 )
                 break
 
@@ -217,49 +231,69 @@ class EvaluationWithGradEnabled(Rule):
         if not any(isinstance(r, ast.Return) and r.value is not None and not _constant(r.value)
                    for r in walk_own(fn.body)):
             return False
-        for site in self.ctx.call_sites(fn):
-            scope = self.ctx.scope(site)
-            wanted = self.ctx.differentiated(scope) if isinstance(scope, (*_FUNCTIONS, ast.Module)) else set()
-            for parent in self.ctx.ancestors(site):
-                if method_call(parent, "backward"):
-                    return True
-                if isinstance(parent, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                    targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
-                    names = {dotted(n) for t in targets for n in ast.walk(t) if isinstance(n, (ast.Name,
-                                                                                           ast.Attribute))}
-                    if names & wanted:
-                        return True
-                    break
-                if isinstance(parent, ast.stmt):
-                    break
-        return False
+        sites = [(self.ctx, site) for site in self.ctx.call_sites(fn)]
+        if self.ctx.program is not None:
+            sites += self.ctx.program.callers(self.ctx, fn)
+        return any(_differentiated_result(ctx, site) for ctx, site in sites)
+
+    def _function_of(self, region: ast.AST) -> ast.AST:
+        return region if isinstance(region, _FUNCTIONS) else self.ctx.scope(region)
 
     def _callers_may_enable(self, region: ast.AST) -> bool:
         """False when the function holding the loop (or one that calls it, two levels up) is decorated or is
-        called with autograd off, or inside another context manager; also when it is a module-level function
-        that the file never calls nor names and that leaves evaluation mode to its caller (no `model.eval()`
-        of its own): its callers, in other files, set the mode and may well turn autograd off with it."""
-        frontier = [region if isinstance(region, _FUNCTIONS) else self.ctx.scope(region)]
-        first = frontier[0]
-        if (isinstance(first, _FUNCTIONS) and self.ctx.scope(first) is self.ctx.tree and not self._named(first.name)
-                and not _sets_eval_mode(first)):
-            return False
-        for _ in range(3):
-            next_frontier = []
-            for fn in frontier:
-                if not isinstance(fn, _FUNCTIONS):
-                    continue
-                if any(not _harmless_decorator(d) for d in fn.decorator_list):
+        called with autograd off, or inside another context manager, also from another file of the run; and
+        when it is a module-level function called from no file of the run, never named in its own, that leaves
+        evaluation mode to its caller (no `model.eval()` of its own): its callers, outside the run, set the
+        mode and may well turn autograd off with it."""
+        first = self._function_of(region)
+        if isinstance(first, _FUNCTIONS) and self.ctx.scope(first) is self.ctx.tree:
+            outside = self.ctx.program.callers(self.ctx, first) if self.ctx.program is not None else []
+            if outside:
+                if not all(_may_enable(ctx, [ctx.scope(site)], site) for ctx, site in outside):
                     return False
-                for site in self.ctx.call_sites(fn):
-                    if self.ctx.grad_disabled(site) or self.ctx.under_unknown_with(site, _TRANSPARENT_WITH):
-                        return False
-                    next_frontier.append(self.ctx.scope(site))
-                outer = self.ctx.scope(fn)
-                if isinstance(outer, _FUNCTIONS):
-                    next_frontier.append(outer)
-            frontier = next_frontier
-        return True
+                self._outside[id(first)] = outside
+            elif not self._named(first.name) and not _sets_eval_mode(first):
+                return False
+        return _may_enable(self.ctx, [first])
+
+
+def _may_enable(ctx: Context, frontier: list[ast.AST], site: ast.Call | None = None) -> bool:
+    """False when ``site`` (a call) runs with autograd off or inside an unknown context manager, or when a
+    function of ``frontier`` (or one that calls it in its file, two levels up) is decorated or is called so."""
+    if site is not None and (ctx.grad_disabled(site) or ctx.under_unknown_with(site, _TRANSPARENT_WITH)):
+        return False
+    for _ in range(3):
+        next_frontier = []
+        for fn in frontier:
+            if not isinstance(fn, _FUNCTIONS):
+                continue
+            if any(not _harmless_decorator(d) for d in fn.decorator_list):
+                return False
+            for call in ctx.call_sites(fn):
+                if ctx.grad_disabled(call) or ctx.under_unknown_with(call, _TRANSPARENT_WITH):
+                    return False
+                next_frontier.append(ctx.scope(call))
+            outer = ctx.scope(fn)
+            if isinstance(outer, _FUNCTIONS):
+                next_frontier.append(outer)
+        frontier = next_frontier
+    return True
+
+
+def _differentiated_result(ctx: Context, site: ast.Call) -> bool:
+    """Whether the result of a call reaches a ``backward()`` of the scope that makes it."""
+    scope = ctx.scope(site)
+    wanted = ctx.differentiated(scope) if isinstance(scope, (*_FUNCTIONS, ast.Module)) else set()
+    for parent in ctx.ancestors(site):
+        if method_call(parent, "backward"):
+            return True
+        if isinstance(parent, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+            names = {dotted(n) for t in targets for n in ast.walk(t) if isinstance(n, (ast.Name, ast.Attribute))}
+            return bool(names & wanted)
+        if isinstance(parent, ast.stmt):
+            return False
+    return False
 
 
 class _Frozen:

@@ -7,39 +7,27 @@ import re
 
 from trainwise.doctor.context import (
     Binding,
+    Context,
+    argument,
     dotted,
-    has_star_kwargs,
+    init_of,
+    is_bound_method,
     is_const,
+    is_param,
     keyword,
     last_name,
     method_call,
     position,
+    walk_own,
 )
+from trainwise.doctor.context.checkpoints import WRAPPERS
+from trainwise.doctor.context.modules import HEAD_WORD, Norms
+from trainwise.doctor.functions import functions, value_at_call
 from trainwise.doctor.rule import Rule
 
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
-_BN = re.compile(r"(?:Sync)?BatchNorm(?:[123]d)?|LazyBatchNorm[123]d")
-_IN = re.compile(r"(?:Lazy)?InstanceNorm[123]d")
-# torchvision constructors of CNNs with BatchNorm, and their children that hold it (None: the whole model).
-_TV_BN = re.compile(
-    r"resnet\d+|resnext\d+_\w+|wide_resnet\d+_\d|densenet\d+|efficientnet_(?:b\d|v2_[sml])|mobilenet_v[23]\w*|"
-    r"regnet_[xy]_\w+|vgg\d+_bn|inception_v3|googlenet|shufflenet_v2_\w+|mnasnet\w*"
-)
-_BN_CHILDREN = {
-    "res": {"bn1", "layer1", "layer2", "layer3", "layer4"},
-    "wid": {"bn1", "layer1", "layer2", "layer3", "layer4"},
-    "reg": {"stem", "trunk_output"},
-}
-_DEFAULT_CHILDREN = {"features"}
-# timm names of BatchNorm CNNs (resnetv2 and *_gn variants use GroupNorm, convnext LayerNorm: left out).
-_TIMM_BN = re.compile(r"(?:resnet\d|resnext|seresne|densenet|efficientnet|tf_efficientnet|mobilenetv[23]|regnet|"
-                      r"vgg\d+_bn)\w*")
 _NORM_HELPER = re.compile(r"bn|batch_?norm|norm|freeze|frozen", re.IGNORECASE)
-# Parameter names of a classification head: ``if "fc" not in name: p.requires_grad = False`` freezes the rest.
-_HEAD_WORD = re.compile(r"fc\d*|classifier|heads?|linear\d*|last_linear|logits|out|output|cls|lm_head|"
-                        r"(?:fc|head|classifier)_\w+")
 _MAX_SITES = 32  # call sites followed from a function to its callers, at most
-_RESNETS = ("res", "wid")  # ctor[:3] of torchvision ResNets: BatchNorm in conv1/bn1 and every layer
 
 
 class FrozenBatchnormInTrainMode(Rule):
@@ -49,7 +37,10 @@ class FrozenBatchnormInTrainMode(Rule):
     Finds `model.train()` in a training or epoch loop, before a training loop (one that calls `backward()`),
     or in a function called from a loop (`train_one_epoch(model, ...)`, a trainer's `self.model.train()`),
     when part of `model` (or all of it) was frozen and the script knows that part has BatchNorm layers, with
-    no `.eval()` of the frozen part after the `.train()`.
+    no `.eval()` of the frozen part after the `.train()`. The function may be in another file of the run:
+    `fit_one_epoch(model_train, ...)` in `train.py` calling `model_train.train()` in `utils/utils_fit.py`
+    (and training there, or called once per epoch) is reported at the call, naming the `.train()` line and
+    the line that freezes.
 
     A part counts as frozen after `part.requires_grad_(False)` (any submodule: `model.backbone`,
     `net.base`, `self.encoder` in `__init__`), `for p in part.parameters(): p.requires_grad = False`, the
@@ -60,7 +51,9 @@ class FrozenBatchnormInTrainMode(Rule):
     `Classifier(backbone)`), or the part passed in (`Classifier(resnet18(...))`, `Trainer(model)`).
     BatchNorm is known in torchvision and timm CNNs (ResNet, EfficientNet, MobileNet, DenseNet, `vgg*_bn`,
     also through `torch.hub.load("pytorch/vision", ...)`, their `features`/`layerN` and
-    `list(resnet.children())[:-1]`) and in classes and builders of the file that build `nn.BatchNorm*d`.
+    `list(resnet.children())[:-1]`) and in classes and builders that build `nn.BatchNorm*d`, of the file or of
+    another file of the run (`YoloBody` imported from `nets/yolo.py`, whose backbone class builds them). A
+    model wrapped in `nn.DataParallel(model)` (or DDP, `torch.compile`) holds what `model` holds.
 
     ## Why is this bad?
     `requires_grad = False` stops the gradients, not the running statistics: in train mode every BatchNorm
@@ -78,7 +71,8 @@ class FrozenBatchnormInTrainMode(Rule):
     `efficientnet.features.requires_grad_(True)`), when a module class of the file overrides `train()`, and
     when, after the `.train()`, the loop or function calls `.eval()` on the frozen part or on its
     `.modules()`, `model.apply(...)`, or a helper that does. A `.train()` run once with no training after it
-    is not reported.
+    is not reported, nor a helper of another file that switches to train mode for one forward and back to eval
+    (Monte Carlo dropout) without training.
 
     ## Example
     ```python
@@ -134,13 +128,17 @@ class FrozenBatchnormInTrainMode(Rule):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._freezes: list[tuple[str, ast.AST, bool]] | None = None  # (dotted module, statement, frozen?)
-        self._by_name: dict[str, list[ast.Call]] | None = None
+        self._frozen_at: dict[str, ast.AST] = {}  # frozen part -> the statement that freezes it
+        self._any_frozen: bool | None = None
 
     def visit_Call(self, node: ast.Call) -> None:
-        """``model.train()`` in a loop, before a training loop, or in a function called from a loop."""
-        if not method_call(node, "train") or node.keywords or len(node.args) > 1:
+        """``model.train()`` in a loop, before a training loop, or in a function called from a loop; a call
+        of a function of another file that puts the model it is given in train mode."""
+        func = node.func
+        if not (isinstance(func, ast.Attribute) and func.attr == "train"):
+            self._through_other_file(node)
             return
-        if node.args and not is_const(node.args[0], True):
+        if not _sets_train(node):
             return
         receiver = dotted(node.func.value)  # type: ignore[attr-defined]
         if receiver is None or not self.ctx.uses_torch() or self._overrides_train():
@@ -161,8 +159,8 @@ class FrozenBatchnormInTrainMode(Rule):
                     continue
             for part in parts:
                 local = receiver + part[len(path):] if _under(part, path) else part
-                if (self._has_bn(part, at, self._unfrozen_below(part, path))
-                        and not self._kept_in_eval(region, node, receiver, local)):
+                if (self.ctx.analysis(Norms).has_bn(part, at, self._unfrozen_below(part, path))
+                        and not _kept_in_eval(self.ctx, region, node, receiver, local)):
                     self.report(
                         node,
                         f"`{receiver}.train()` puts the frozen `{local}` back in train mode: its BatchNorm layers "
@@ -170,6 +168,49 @@ class FrozenBatchnormInTrainMode(Rule):
                         f"BatchNorm modules) after `{receiver}.train()`, or freeze with trainwise.freeze",
                     )
                     return
+
+    def _freezes_something(self) -> bool:
+        if self._any_frozen is None:
+            self._any_frozen = self.ctx.uses_torch() and any(frozen for _m, _s, frozen in self._all_freezes())
+        return self._any_frozen
+
+    def _through_other_file(self, call: ast.Call) -> None:
+        """``fit_one_epoch(model, ...)`` where ``fit_one_epoch``, in another file of the run, calls
+        ``model_train.train()`` on the parameter it passes (and trains, or is called once per epoch), after a
+        freeze of part of ``model`` that holds BatchNorm: reported at the call, naming both places."""
+        program = self.ctx.program
+        if program is None or len(program.paths) < 2 or not self._freezes_something():
+            return
+        found = program.callee(self.ctx, call) if not self._overrides_train() else None
+        if found is None:
+            return
+        callee, fn = found
+        for train, param, rest in _train_calls_on_parameters(callee, fn):
+            arg = argument(fn, param, call, method=is_bound_method(fn, callee.parent(fn)))
+            receiver = dotted(arg) if arg is not None else None
+            trains = functions(callee).trains(fn)
+            if receiver is None or (not trains and (self.ctx.enclosing_loop(call) is None
+                                                    or _restores(callee, fn, train, param + rest))):
+                continue  # a helper that switches to train mode for one forward and back (MC dropout)
+            receiver += rest
+            for part in self._frozen_parts(receiver, call):
+                there = param + rest + part[len(receiver):] if _under(part, receiver) else part
+                if (not self.ctx.analysis(Norms).has_bn(part, call, self._unfrozen_below(part, receiver))
+                        or _kept_in_eval(callee, fn, train, param + rest, there)):
+                    continue
+                freeze = self._frozen_at[part]
+                where = program.where(callee, train)
+                self.report(
+                    call,
+                    f"`{fn.name}()` calls `{param + rest}.train()` ({where}), which puts the frozen `{part}` (line "
+                    f"{freeze.lineno}) back in train mode: its BatchNorm layers keep updating their running "  # type: ignore[attr-defined]
+                    f"statistics; call `.eval()` on the frozen part (or its BatchNorm modules) after that "
+                    f"`.train()`, or freeze with trainwise.freeze",
+                    related=(program.place(callee, train, f"`{param + rest}.train()` puts the frozen `{part}` "
+                                                          f"back in train mode"),
+                             program.place(self.ctx, freeze, f"`{part}` is frozen here")),
+                )
+                return
 
     # ----------------------------------------------------------------------------- where the model comes from
     def _origins(self, path: str, at: ast.AST, depth: int = 0) -> list[tuple[str, ast.AST, bool]]:
@@ -186,17 +227,17 @@ class FrozenBatchnormInTrainMode(Rule):
             if not rest or cls is None or cls.name in self.ctx.module_classes:
                 return out
             attr, dot, rest = rest.partition(".")
-            init = _init_of(cls)
+            init = init_of(cls)
             found = [b for b in self.ctx.attr_bindings.get(f"self.{attr}", [])
                      if self.ctx.enclosing_class(b.stmt) is cls]
             if init is None or len(found) != 1 or self.ctx.scope(found[0].stmt) is not init:
                 return out
-            value = self._unwrap(found[0].value) if found[0].value is not None else None
-            if not (isinstance(value, ast.Name) and _is_param(init, value.id)):
+            value = self.ctx.strip_moves(found[0].value) if found[0].value is not None else None
+            if not (isinstance(value, ast.Name) and is_param(init, value.id)):
                 return out
-            fn, root, sites = init, value.id, self._constructions(cls)
-        elif _is_param(fn, root):
-            sites = self._call_sites(fn)  # type: ignore[arg-type]
+            fn, root, sites = init, value.id, self.ctx.constructions(cls)
+        elif is_param(fn, root):
+            sites = self.ctx.calls_of(fn)  # type: ignore[arg-type]
         else:
             return out
         for call in sites[:_MAX_SITES]:
@@ -207,58 +248,11 @@ class FrozenBatchnormInTrainMode(Rule):
                 out.extend((p, a, lp or in_loop) for p, a, lp in self._origins(target + dot + rest, call, depth + 1))
         return out[:_MAX_SITES]
 
-    def _constructions(self, cls: ast.ClassDef) -> list[ast.Call]:
-        return [c for c in self._calls_by_name().get(cls.name, []) if isinstance(c.func, ast.Name)]
-
-    def _call_sites(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
-        """The calls of a same-file function by its name: ``f(...)`` (or ``utils.f(...)``) for a function,
-        ``self.f(...)`` / ``obj.f(...)`` for a method; none when another function or method of the same kind
-        has that name."""
-        method = _is_method(fn, self.ctx.parent(fn))
-        same_kind = [f for f in self.ctx.functions_named(fn.name) if _is_method(f, self.ctx.parent(f)) == method]
-        if len(same_kind) != 1:
-            return []
-        calls = self._calls_by_name().get(fn.name, [])
-        if method:
-            return [c for c in calls if isinstance(c.func, ast.Attribute)]
-        if any(_is_method(f, self.ctx.parent(f)) for f in self.ctx.functions_named(fn.name)):
-            return [c for c in calls if isinstance(c.func, ast.Name)]
-        return calls
-
-    def _calls_by_name(self) -> dict[str, list[ast.Call]]:
-        if self._by_name is None:
-            self._by_name = {}
-            for call in self.ctx.nodes(ast.Call):
-                name = last_name(call.func)  # type: ignore[attr-defined]
-                if name is not None:
-                    self._by_name.setdefault(name, []).append(call)  # type: ignore[arg-type]
-        return self._by_name
-
     def _argument(self, fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str, call: ast.Call,
                   default: bool = False) -> ast.expr | None:
-        """The expression a call passes for parameter ``name`` of ``fn`` (its default value when ``default``),
-        or None when unknown (``*args``, ``**kwargs``)."""
-        kw = keyword(call, name)
-        if kw is not None:
-            return kw.value
-        args = fn.args
-        positional = [a.arg for a in (*args.posonlyargs, *args.args)]
-        if name in positional:
-            offset = 1 if _is_method(fn, self.ctx.parent(fn)) else 0
-            index = positional.index(name) - offset
-            if index < 0 or any(isinstance(a, ast.Starred) for a in call.args[: index + 1]):
-                return None
-            if index < len(call.args):
-                return call.args[index]
-            if not default or has_star_kwargs(call):
-                return None
-            first_default = len(positional) - len(args.defaults)
-            at = positional.index(name)
-            return args.defaults[at - first_default] if at >= first_default else None
-        for arg, value in zip(args.kwonlyargs, args.kw_defaults):
-            if arg.arg == name and default and not has_star_kwargs(call):
-                return value
-        return None
+        """The expression a call passes for parameter ``name`` of a same-file ``fn`` (its default value with
+        ``default``), or None when unknown (``*args``, ``**kwargs``)."""
+        return argument(fn, name, call, method=is_bound_method(fn, self.ctx.parent(fn)), default=default)
 
     # -------------------------------------------------------------------------------------------- freezes
     def _all_freezes(self) -> list[tuple[str, ast.AST, bool]]:
@@ -335,46 +329,21 @@ class FrozenBatchnormInTrainMode(Rule):
         each call. A freeze under ``if flag:`` counts only where the call passes a true constant for ``flag``."""
         fn = self.ctx.scope(stmt)
         root, dot, rest = module.partition(".")
-        if not isinstance(fn, _FUNCS) or root in ("self", "cls") or not _is_param(fn, root):
+        if not isinstance(fn, _FUNCS) or root in ("self", "cls") or not is_param(fn, root):
             return []
-        flags = self._flag_conditions(stmt, fn)
+        flags = functions(self.ctx).flag_conditions(stmt, fn)
         if flags is None and frozen:
             return []
         out = []
-        for call in self._call_sites(fn)[:_MAX_SITES]:
+        for call in self.ctx.calls_of(fn)[:_MAX_SITES]:
             arg = self._argument(fn, root, call)
             target = dotted(arg) if arg is not None else None
             if target is None:
                 continue
-            if frozen and not all(self._truthy(fn, name, call) is wanted for name, wanted in flags or ()):
+            if frozen and not all(_truthy(self.ctx, fn, name, call) is wanted for name, wanted in flags or ()):
                 continue
             out.append((target + dot + rest, call, frozen))
         return out
-
-    def _flag_conditions(self, stmt: ast.AST, fn: ast.AST) -> list[tuple[str, bool]] | None:
-        """The ``if flag:`` / ``if not flag:`` tests on parameters of ``fn`` around ``stmt``; None when a test
-        on a parameter has another shape."""
-        out = []
-        child = stmt
-        for parent in self.ctx.ancestors(stmt):
-            if parent is fn:
-                return out
-            if isinstance(parent, ast.If) and any(_is_param(fn, n.id) for n in ast.walk(parent.test)  # type: ignore[arg-type]
-                                                  if isinstance(n, ast.Name)):
-                wanted = any(child is s for s in parent.body)
-                test = parent.test
-                if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-                    test, wanted = test.operand, not wanted
-                if not isinstance(test, ast.Name):
-                    return None
-                out.append((test.id, wanted))
-            child = parent
-        return out
-
-    def _truthy(self, fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str, call: ast.Call) -> bool | None:
-        arg = self._argument(fn, name, call, default=True)
-        value = self.ctx.constant(arg) if arg is not None else ...
-        return None if value is ... else bool(value)
 
     def _frozen_parts(self, receiver: str, call: ast.AST) -> list[str]:
         """Frozen modules inside ``receiver`` (as dotted paths from it, or modules that ``receiver`` is built
@@ -397,16 +366,17 @@ class FrozenBatchnormInTrainMode(Rule):
                     path = module
             elif isinstance(stmt_scope, ast.FunctionDef) and stmt_scope.name == "__init__":
                 owner = self.ctx.enclosing_class(stmt)
-                flags = self._flag_conditions(stmt, stmt_scope)
+                flags = functions(self.ctx).flag_conditions(stmt, stmt_scope)
                 if cls is not None and owner is cls and _under(module, "self") and flags is not None:
-                    ctor = self._value_of(ast.Name(id=receiver, ctx=ast.Load()), call)
-                    if isinstance(ctor, ast.Call) and all(self._truthy(stmt_scope, name, ctor) is wanted  # type: ignore[arg-type]
+                    ctor = self.ctx.value_of(ast.Name(id=receiver, ctx=ast.Load()), call)
+                    if isinstance(ctor, ast.Call) and all(_truthy(self.ctx, stmt_scope, name, ctor) is wanted  # type: ignore[arg-type]
                            for name, wanted in flags):  # `if freeze_backbone:` and Net(freeze_backbone=True)
                         path = receiver + module[len("self"):]
                 elif own_cls is not None and owner is own_cls and _under(module, receiver) and flags == []:
                     path = module  # a trainer class: self.model.backbone frozen in its __init__
             if path is not None and not self._unfrozen(path, receiver) and path not in parts:
                 parts.append(path)
+                self._frozen_at.setdefault(path, stmt)
         return parts
 
     def _global(self, name: str, at: ast.AST) -> bool:
@@ -415,13 +385,31 @@ class FrozenBatchnormInTrainMode(Rule):
         return bool(found) and all(isinstance(self.ctx.scope(b.stmt), ast.Module) for b in found)
 
     def _members(self, receiver: str, at: ast.AST) -> set[str]:
-        """Names a model is built from: ``nn.Sequential(backbone, head)``, ``Net(backbone)``."""
+        """Names a model is built from, whatever value it holds at ``at``: ``nn.Sequential(backbone, head)``,
+        ``Net(backbone)``, ``nn.DataParallel(model)``, ``model.train()`` (``model_train = model.train()``, then
+        ``model_train = nn.DataParallel(model)`` under ``if cuda:``)."""
         if "." in receiver:
             return set()
-        value = self._value_of(ast.Name(id=receiver, ctx=ast.Load()), at)
-        if not isinstance(value, ast.Call):
-            return set()
+        found: set[str] | None = None
+        for b in self.ctx.lookup(receiver, at):
+            if b.kind != "assign" or b.unpacked or b.value is None:
+                return set()
+            value = _unchain(self.ctx.strip_moves(b.value))
+            if isinstance(value, ast.Name):
+                if value.id == receiver:
+                    continue  # model_train = model_train.cuda()
+                names = {value.id}
+            elif isinstance(value, ast.Call):
+                names = self._built_from(value)
+            else:
+                return set()
+            found = names if found is None else found & names
+        return found or set()
+
+    def _built_from(self, value: ast.Call) -> set[str]:
         q = self.ctx.qualname(value.func) or ""
+        if q in WRAPPERS and value.args and isinstance(value.args[0], ast.Name):
+            return {value.args[0].id}
         local = isinstance(value.func, ast.Name) and value.func.id in self.ctx.module_classes
         if q not in ("torch.nn.Sequential", "torch.nn.ModuleList") and not local:
             return set()
@@ -464,189 +452,10 @@ class FrozenBatchnormInTrainMode(Rule):
     def _local_class_of(self, receiver: str, at: ast.AST) -> ast.ClassDef | None:
         if "." in receiver:
             return None
-        value = self._value_of(ast.Name(id=receiver, ctx=ast.Load()), at)
+        value = self.ctx.value_of(ast.Name(id=receiver, ctx=ast.Load()), at)
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
-            return self._class_named(value.func.id, at)
+            return self.ctx.class_named(value.func.id, at)
         return None
-
-    def _class_named(self, name: str, at: ast.AST) -> ast.ClassDef | None:
-        for b in self.ctx.lookup(name, at):
-            if b.kind == "def" and isinstance(b.stmt, ast.ClassDef):
-                return b.stmt
-        return None
-
-    def _value_of(self, name: ast.Name, at: ast.AST) -> ast.AST | None:
-        """The one value a name is built from: ``model = resnet50(...).to(device)``; ``model = model.cuda()``
-        and ``model = torch.compile(model)`` rebind it to itself and do not count, and the same construction
-        repeated (a notebook cell run again, copied further down) counts once."""
-        values: dict[str, ast.AST] = {}
-        for b in self.ctx.lookup(name.id, at):
-            if b.kind != "assign" or b.unpacked or b.value is None:
-                return None
-            value = self._unwrap(b.value)
-            if not (isinstance(value, ast.Name) and value.id == name.id):
-                values.setdefault(ast.dump(value), value)
-        return next(iter(values.values())) if len(values) == 1 else None
-
-    def _self_value(self, cls: ast.ClassDef, attr: str) -> ast.AST | None:
-        """The one value ``self.<attr>`` is built from in the methods of ``cls``."""
-        values = []
-        for b in self.ctx.attr_bindings.get(f"self.{attr}", []):
-            if self.ctx.enclosing_class(b.stmt) is not cls:
-                continue
-            if b.kind != "assign" or b.unpacked or b.value is None:
-                return None
-            value = self._unwrap(b.value)
-            if dotted(value) != f"self.{attr}":
-                values.append(value)
-        return values[0] if len(values) == 1 else None
-
-    def _unwrap(self, value: ast.expr) -> ast.expr:
-        while True:
-            if method_call(value, "to", "cuda", "cpu", "float"):
-                value = value.func.value  # type: ignore[attr-defined]
-            elif (isinstance(value, ast.Call) and len(value.args) == 1 and not isinstance(value.args[0], ast.Starred)
-                  and self.ctx.qualname(value.func) == "torch.compile"):
-                value = value.args[0]
-            else:
-                return value
-
-    # ------------------------------------------------------------------------------------ norm knowledge
-    def _has_bn(self, path: str, at: ast.AST, excluded: set[str] | frozenset[str] = frozenset()) -> bool:
-        """Whether the script knows that the module at ``path`` holds BatchNorm (or tracking InstanceNorm)
-        outside its ``excluded`` children."""
-        root, *attrs = path.split(".")
-        value: ast.AST | None
-        if root == "self":
-            cls = self.ctx.enclosing_class(at)
-            if cls is None or not attrs:
-                return False
-            if cls.name in self.ctx.module_classes:
-                return self._class_has_bn(cls, attrs, 0, None, excluded)
-            value, attrs = self._self_value(cls, attrs[0]), attrs[1:]
-            init = _init_of(cls)
-            if isinstance(value, ast.Name) and init is not None and _is_param(init, value.id):
-                args = [(self._argument(init, value.id, c), c) for c in self._constructions(cls)[:_MAX_SITES]]
-                return any(a is not None and self._value_has_bn(a, attrs, c, 1, excluded) for a, c in args)
-        else:
-            value = self._value_of(ast.Name(id=root, ctx=ast.Load()), at)
-        return value is not None and self._value_has_bn(value, attrs, at, 0, excluded)
-
-    def _value_has_bn(self, value: ast.AST, attrs: list[str], at: ast.AST, depth: int,
-                      excluded: set[str] | frozenset[str] = frozenset()) -> bool:
-        if depth > 4:
-            return False
-        if isinstance(value, ast.Name):
-            inner = self._value_of(value, at)
-            return inner is not None and self._value_has_bn(inner, attrs, at, depth + 1, excluded)
-        if isinstance(value, ast.Subscript):
-            return not attrs and not excluded and self._children_slice_has_bn(value, at, depth)
-        if isinstance(value, ast.Attribute):  # features = models.vgg16_bn(weights=...).features
-            return self._value_has_bn(value.value, [value.attr, *attrs], at, depth + 1, excluded)
-        if not isinstance(value, ast.Call):
-            return False
-        q = self.ctx.qualname(value.func) or ""
-        ctor = None
-        if q.startswith("torchvision.models."):
-            ctor = q.rsplit(".", 1)[1]
-        elif q == "torch.hub.load" and len(value.args) >= 2:
-            repo, entry = self.ctx.constant(value.args[0]), self.ctx.constant(value.args[1])
-            if isinstance(repo, str) and repo.split(":")[0] == "pytorch/vision" and isinstance(entry, str):
-                ctor = entry
-        if ctor is not None:
-            if not _TV_BN.fullmatch(ctor):
-                return False
-            children = _BN_CHILDREN.get(ctor[:3], _DEFAULT_CHILDREN)
-            if not attrs:
-                return not excluded or bool(children - excluded)
-            return attrs[0] in children and not excluded
-        if q == "timm.create_model":
-            arch = value.args[0] if value.args else getattr(keyword(value, "model_name"), "value", None)
-            name = self.ctx.constant(arch) if arch is not None else ...
-            if not isinstance(name, str):
-                return False
-            name = name.split("/")[-1].split(".")[0]
-            return (not attrs and bool(_TIMM_BN.fullmatch(name)) and "_gn" not in name and "resnetv2" not in name
-                    and all(_HEAD_WORD.fullmatch(e) for e in excluded))
-        if q.startswith("torch.nn."):
-            last = q.rsplit(".", 1)[1]
-            if attrs or excluded:
-                return False
-            if _BN.fullmatch(last):
-                return True
-            if _IN.fullmatch(last):
-                return is_const(getattr(keyword(value, "track_running_stats"), "value", None), True)
-            if last in ("Sequential", "ModuleList"):
-                items = [a.value if isinstance(a, ast.Starred) else a for a in value.args]
-                items = [e for a in items for e in (a.elts if isinstance(a, (ast.List, ast.Tuple)) else [a])]
-                return any(self._value_has_bn(a, [], at, depth + 1) for a in items)
-            return False
-        if isinstance(value.func, ast.Name):
-            cls = self._class_named(value.func.id, at)
-            if cls is not None:
-                return self._class_has_bn(cls, attrs, depth, value, excluded)
-            helpers = [fn for fn in self.ctx.functions_named(value.func.id) if self.ctx.enclosing_class(fn) is None]
-            if len(helpers) == 1 and not attrs and not excluded:  # make_layers(cfg): a builder of this file
-                return self._builds_bn(helpers[0], depth)
-        return False
-
-    def _children_slice_has_bn(self, expr: ast.Subscript, at: ast.AST, depth: int) -> bool:
-        """``list(resnet.children())[:-1]``: the first children of a torchvision CNN with BatchNorm (its stem
-        for a ResNet, ``features`` for the others) are kept."""
-        sl = expr.slice
-        if not isinstance(sl, ast.Slice) or sl.step is not None or not (sl.lower is None or is_const(sl.lower, 0)):
-            return False
-        inner = expr.value
-        if isinstance(inner, ast.Name):
-            inner = self._value_of(inner, at)  # type: ignore[assignment]
-        if (isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id in ("list", "tuple")
-                and len(inner.args) == 1):
-            inner = inner.args[0]
-        if not method_call(inner, "children") or inner.args or not isinstance(inner.func.value, ast.Name):  # type: ignore[attr-defined]
-            return False
-        upper = sl.upper
-        stop = (-upper.operand.value if isinstance(upper, ast.UnaryOp) and isinstance(upper.op, ast.USub)  # type: ignore[attr-defined]
-                and isinstance(upper.operand, ast.Constant) else getattr(upper, "value", None))
-        if not isinstance(stop, int) or isinstance(stop, bool):
-            return False
-        source = self._value_of(inner.func.value, at)  # type: ignore[attr-defined]
-        q = self.ctx.qualname(source.func) if isinstance(source, ast.Call) else None
-        if q is None or not q.startswith("torchvision.models.") or not _TV_BN.fullmatch(q.rsplit(".", 1)[1]):
-            return False
-        if q.rsplit(".", 1)[1][:3] in _RESNETS:
-            return -8 <= stop <= -1 or stop >= 2
-        return stop == -1 or stop >= 1
-
-    def _class_has_bn(self, cls: ast.ClassDef, attrs: list[str], depth: int, ctor: ast.Call | None = None,
-                      excluded: set[str] | frozenset[str] = frozenset()) -> bool:
-        init = _init_of(cls)
-        if init is None:
-            return False
-        if not attrs:
-            names = {b.split(".", 1)[1] for b in self.ctx.attr_bindings if b.startswith("self.") and b.count(".") == 1
-                     and any(self.ctx.scope(x.stmt) is init for x in self.ctx.attr_bindings[b])}
-            if excluded:  # the class's parts, but those unfrozen again
-                return any(self._class_has_bn(cls, [n], depth, ctor) for n in sorted(names - excluded))
-            return self._builds_bn(cls, depth) or (
-                ctor is not None and any(self._class_has_bn(cls, [n], depth, ctor) for n in sorted(names))
-            )
-        for b in self.ctx.attr_bindings.get(f"self.{attrs[0]}", []):
-            if self.ctx.scope(b.stmt) is not init or b.value is None or b.unpacked:
-                continue
-            value: ast.AST | None = b.value
-            where: ast.AST = b.stmt
-            if isinstance(value, ast.Name) and _is_param(init, value.id):
-                if ctor is None:
-                    continue
-                value, where = self._argument(init, value.id, ctor), ctor  # Classifier(resnet18(...), 10)
-            if value is not None and self._value_has_bn(value, attrs[1:], where, depth + 1, excluded):
-                return True
-        return False
-
-    def _builds_bn(self, container: ast.AST, depth: int) -> bool:
-        """Whether code in ``container`` constructs BatchNorm (or a known BatchNorm model, or a class or
-        builder of the file that does)."""
-        return any(self._value_has_bn(call, [], call, depth + 1) for call in self.ctx.calls_within(container))
 
     # ------------------------------------------------------------------------------------------- silences
     def _training_follows(self, train: ast.Call) -> bool:
@@ -665,49 +474,6 @@ class FrozenBatchnormInTrainMode(Rule):
             return True
         return method_call(call, "step") and self.ctx.is_optimizer(call.func.value)  # type: ignore[attr-defined]
 
-    def _kept_in_eval(self, region: ast.AST, train: ast.Call, receiver: str, part: str) -> bool:
-        """Whether the loop (or function), after the ``.train()``, puts something back in eval mode (other
-        than switching the whole receiver to eval for validation) or calls a helper that may do so."""
-        after = [c for c in self.ctx.calls_within(region) if position(c) > position(train)]
-        for call in after:
-            func = call.func
-            if method_call(call, "eval"):
-                target = dotted(func.value)  # type: ignore[attr-defined]
-                if target is None:
-                    return True  # unknown: stay silent
-                if target == receiver:
-                    continue  # the whole model switched to eval for validation
-                outside = target.startswith(receiver + ".") and not (
-                    target == part or target.startswith(part + ".") or part.startswith(target + ".")
-                )
-                if not outside:  # the frozen part, a part of it, or anything else (a .modules() loop variable)
-                    return True
-                continue
-            if method_call(call, "train") and call.args and is_const(call.args[0], False):
-                return dotted(func.value) != receiver  # type: ignore[attr-defined]
-            if method_call(call, "apply"):
-                return True
-            name = last_name(func)
-            if name is not None and _NORM_HELPER.search(name):
-                return True
-            if isinstance(func, ast.Name) and any(
-                self._partial_eval(c) for fn in self.ctx.functions_named(func.id) for c in self.ctx.calls_within(fn)
-            ):
-                return True
-        return False
-
-    def _partial_eval(self, call: ast.Call) -> bool:
-        """In a helper: ``.apply(...)``, or ``.eval()`` of a submodule or of a loop variable (``m.eval()`` over
-        ``.modules()``); a plain ``model.eval()`` (an evaluation helper) does not count."""
-        if method_call(call, "apply"):
-            return True
-        if not method_call(call, "eval"):
-            return False
-        target = call.func.value  # type: ignore[attr-defined]
-        if isinstance(target, ast.Attribute):
-            return True
-        return isinstance(target, ast.Name) and any(b.kind == "for" for b in self.ctx.bindings_of(target))
-
     def _overrides_train(self) -> bool:
         """A module class of the file overrides ``train()`` (typically to keep frozen norm layers in eval)."""
         for fn in self.ctx.functions_named("train"):
@@ -717,27 +483,93 @@ class FrozenBatchnormInTrainMode(Rule):
         return False
 
 
+def _kept_in_eval(ctx: Context, region: ast.AST, train: ast.Call, receiver: str, part: str) -> bool:
+    """Whether the loop (or function), after the ``.train()``, puts something back in eval mode (other
+    than switching the whole receiver to eval for validation) or calls a helper that may do so."""
+    after = [c for c in ctx.calls_within(region) if position(c) > position(train)]
+    for call in after:
+        func = call.func
+        if method_call(call, "eval"):
+            target = dotted(func.value)  # type: ignore[attr-defined]
+            if target is None:
+                return True  # unknown: stay silent
+            if target == receiver:
+                continue  # the whole model switched to eval for validation
+            outside = target.startswith(receiver + ".") and not (
+                target == part or target.startswith(part + ".") or part.startswith(target + ".")
+            )
+            if not outside:  # the frozen part, a part of it, or anything else (a .modules() loop variable)
+                return True
+            continue
+        if method_call(call, "train") and call.args and is_const(call.args[0], False):
+            return dotted(func.value) != receiver  # type: ignore[attr-defined]
+        if method_call(call, "apply"):
+            return True
+        name = last_name(func)
+        if name is not None and _NORM_HELPER.search(name):
+            return True
+        if isinstance(func, ast.Name) and any(
+            _partial_eval(ctx, c) for fn in ctx.functions_named(func.id) for c in ctx.calls_within(fn)
+        ):
+            return True
+    return False
+
+
+def _partial_eval(ctx: Context, call: ast.Call) -> bool:
+    """In a helper: ``.apply(...)``, or ``.eval()`` of a submodule or of a loop variable (``m.eval()`` over
+    ``.modules()``); a plain ``model.eval()`` (an evaluation helper) does not count."""
+    if method_call(call, "apply"):
+        return True
+    if not method_call(call, "eval"):
+        return False
+    target = call.func.value  # type: ignore[attr-defined]
+    if isinstance(target, ast.Attribute):
+        return True
+    return isinstance(target, ast.Name) and any(b.kind == "for" for b in ctx.bindings_of(target))
+
+
 def _under(path: str, prefix: str) -> bool:
     """Whether the dotted ``path`` is ``prefix`` or inside it."""
     return path == prefix or path.startswith(prefix + ".")
 
 
-def _init_of(cls: ast.ClassDef) -> ast.FunctionDef | None:
-    return next((fn for fn in cls.body if isinstance(fn, ast.FunctionDef) and fn.name == "__init__"), None)
+def _sets_train(call: ast.Call) -> bool:
+    """``x.train()`` or ``x.train(True)``."""
+    return method_call(call, "train") and not call.keywords and (
+        not call.args or (len(call.args) == 1 and is_const(call.args[0], True)))
 
 
-def _is_param(fn: ast.AST, name: str) -> bool:
-    args = getattr(fn, "args", None)
-    if not isinstance(args, ast.arguments):
-        return False
-    return any(a.arg == name for a in (*args.posonlyargs, *args.args, *args.kwonlyargs))
+def _unchain(value: ast.AST) -> ast.AST:
+    """``model.train()`` / ``model.eval()`` -> ``model`` (they return the module itself)."""
+    while method_call(value, "train", "eval") and not value.args:  # type: ignore[attr-defined]
+        value = value.func.value  # type: ignore[attr-defined]
+    return value
 
 
-def _is_method(fn: ast.AST, parent: ast.AST | None) -> bool:
-    """A method bound to its instance (its first parameter is ``self``), not a static method."""
-    if not isinstance(parent, ast.ClassDef):
-        return False
-    return not any(last_name(d) == "staticmethod" for d in getattr(fn, "decorator_list", ()))
+def _train_calls_on_parameters(ctx: Context, fn: ast.AST) -> list[tuple[ast.Call, str, str]]:
+    """``(call, parameter, rest)`` for each ``param.train()`` / ``param.rest.train()`` of a function's own body
+    (``self`` left out): the modules it is given and puts in train mode."""
+    out = []
+    for node in walk_own(getattr(fn, "body", [])):
+        if isinstance(node, ast.Call) and _sets_train(node):
+            name = dotted(node.func.value)  # type: ignore[attr-defined]
+            root, dot, rest = (name or "").partition(".")
+            if name is not None and root not in ("self", "cls") and is_param(fn, root):
+                out.append((node, root, dot + rest))
+    return sorted(out, key=lambda t: position(t[0]))
+
+
+def _restores(ctx: Context, fn: ast.AST, train: ast.Call, receiver: str) -> bool:
+    """Whether the function, after ``train``, sets ``receiver``'s mode again (``.eval()``, ``.train(was)``)."""
+    return any(method_call(c, "eval", "train") and c is not train and position(c) > position(train)
+               and dotted(c.func.value) == receiver and not _sets_train(c)  # type: ignore[attr-defined]
+               for c in ctx.calls_within(fn))
+
+
+def _truthy(ctx: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str, call: ast.Call) -> bool | None:
+    """Whether the value a same-file call gives the parameter ``name`` is true; None when unknown."""
+    value = value_at_call(ctx, fn, name, ctx, call)
+    return None if value is ... else bool(value)
 
 
 def _mentions(expr: ast.AST, name: str) -> bool:
@@ -753,8 +585,8 @@ def _head_name(text: object) -> bool:
     if not isinstance(text, str):
         return False
     parts = [p for p in text.split(".") if p]
-    return bool(parts) and bool(_HEAD_WORD.fullmatch(parts[0])) and all(
-        p.isdigit() or p in ("weight", "bias") or _HEAD_WORD.fullmatch(p) for p in parts[1:]
+    return bool(parts) and bool(HEAD_WORD.fullmatch(parts[0])) and all(
+        p.isdigit() or p in ("weight", "bias") or HEAD_WORD.fullmatch(p) for p in parts[1:]
     )
 
 

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 
-from trainwise.doctor.context import position
-from trainwise.doctor.rule import Rule
+from trainwise.doctor.context import Context, position, walk_own
+from trainwise.doctor.functions import callees, conditions_hold, functions, value_at_call
+from trainwise.doctor.rule import Related, Rule
 
 _CUDNN = frozenset({"torch.backends.cudnn"})
 _SWITCHES = ("deterministic", "benchmark")
+_DEPTH = 3  # helpers followed from a call: seed_everything() -> set_deterministic() -> ...
+
+
+@dataclass(frozen=True)
+class _Set:
+    """One switch set in a scope: by an assignment there (``node``), or by a call there (``node``) to a helper
+    that sets it (``origin``: the helper's file and assignment; ``helper``: its name)."""
+
+    switch: str
+    is_true: bool
+    node: ast.AST
+    origin: tuple[Context, ast.AST] | None = None
+    helper: str = ""
 
 
 class CudnnDeterministicWithBenchmark(Rule):
@@ -17,7 +32,11 @@ class CudnnDeterministicWithBenchmark(Rule):
     ## What it does
     Finds code that sets both `torch.backends.cudnn.deterministic = True` and
     `torch.backends.cudnn.benchmark = True` in the same function or module, outside mutually exclusive
-    branches.
+    branches. A call of a helper that sets a switch counts as setting it where it is called: the helper may
+    be in the same file or in another file of the run (`seed_everything()` imported from `utils.py`, which
+    sets `deterministic = True`, then `cudnn.benchmark = True` in `train.py`), and the finding names both
+    places. A helper's switch under `if flag:` counts where the call passes a true constant for `flag` (or
+    leaves a true default).
 
     ## Why is this bad?
     The two switches pull in opposite directions. `benchmark = True` times several convolution algorithms
@@ -26,8 +45,9 @@ class CudnnDeterministicWithBenchmark(Rule):
     could be, while the code claims determinism. Choose one: for reproducibility, `benchmark = False`
     (and `torch.use_deterministic_algorithms(True)`); for speed, drop `deterministic`.
 
-    The rule stays silent when only one of them is set, and when they are set in the two branches of the
-    same `if`.
+    The rule stays silent when only one of them is set, when they are set in the two branches of the
+    same `if`, when a later assignment (or helper) sets the switch back, and when a helper's switch depends
+    on a value the call does not fix (`if args.deterministic:`, a flag passed as a variable).
 
     ## Example
     ```python
@@ -56,7 +76,9 @@ class CudnnDeterministicWithBenchmark(Rule):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._sets: list[tuple[ast.AST, str, bool, ast.AST]] = []  # scope, switch, value is True, node
+        self._sets: list[tuple[ast.AST, _Set]] = []  # (scope, what is set there)
+        self._inner: dict[int, tuple[ast.AST, list[ast.Call]]] = {}  # id(fn) -> (fn, its statement calls)
+        self._cudnn: bool | None = None  # whether the file names cudnn at all
 
     def visit_Assign(self, node: ast.Assign) -> None:
         """``cudnn.deterministic = ...`` / ``cudnn.benchmark = ...`` (also in a tuple assignment)."""
@@ -68,40 +90,94 @@ class CudnnDeterministicWithBenchmark(Rule):
             for t, value in pairs:
                 if isinstance(t, ast.Attribute) and t.attr in _SWITCHES and self.ctx.qualname(t.value) in _CUDNN:
                     is_true = isinstance(value, ast.Constant) and value.value is True
-                    self._sets.append((self.ctx.scope(node), t.attr, is_true, node))
+                    self._sets.append((self.ctx.scope(node), _Set(t.attr, is_true, node)))
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        """``seed_everything(42)`` as a statement: the switches the helper sets (and its own helpers). Only in a
+        file that names cudnn itself: a contradiction needs one of its switches set here, or two helpers."""
+        if isinstance(node.value, ast.Call) and self._names_cudnn():
+            for found in self._through(self.ctx, node.value, 0):
+                self._sets.append((self.ctx.scope(node), _Set(found.switch, found.is_true, node.value, found.origin,
+                                                              found.helper)))
+
+    def _names_cudnn(self) -> bool:
+        if self._cudnn is None:
+            self._cudnn = "cudnn" in self.ctx.source
+        return self._cudnn
+
+    def _through(self, ctx: Context, call: ast.Call, depth: int) -> list[_Set]:
+        """The switches a call sets through the function it calls, last value of each switch first set."""
+        targets = callees(ctx, call)
+        if len(targets) != 1 or depth >= _DEPTH:
+            return []
+        callee, fn = targets[0]
+        if "cudnn" not in callee.source:
+            return []  # a file that never names cudnn sets no switch (nor do the same-file helpers it calls)
+        summary = functions(callee)
+        sets: list[tuple[tuple[int, int], _Set]] = []
+        for switch in summary.cudnn_switches(fn):
+            if not conditions_hold(callee, fn, switch.conditions, ctx, call):
+                continue
+            value = value_at_call(callee, fn, switch.param, ctx, call) if switch.param else switch.value
+            sets.append((position(switch.node), _Set(switch.name, value is True, call, (callee, switch.node),
+                                                     fn.name)))
+        cached = self._inner.get(id(fn))
+        if cached is None or cached[0] is not fn:
+            cached = self._inner[id(fn)] = (fn, _statement_calls(fn))
+        for inner in cached[1]:
+            conditions = summary.flag_conditions(inner, fn)
+            if conditions is not None and conditions_hold(callee, fn, conditions, ctx, call):
+                sets.extend((position(inner), s) for s in self._through(callee, inner, depth + 1))
+        last: dict[str, _Set] = {}
+        for _, found in sorted(sets, key=lambda s: s[0]):
+            last[found.switch] = found  # the helper's own order: `deterministic = True; ... = False` ends False
+        return [_Set(s.switch, s.is_true, call, s.origin, fn.name) for s in last.values()]
 
     def finish(self) -> None:
         """Report the later of each contradicting pair, once per scope."""
-        scopes: dict[ast.AST, list[tuple[str, bool, ast.AST]]] = {}
-        for scope, switch, is_true, node in self._sets:
-            scopes.setdefault(scope, []).append((switch, is_true, node))
+        scopes: dict[ast.AST, list[_Set]] = {}
+        for scope, found in self._sets:
+            scopes.setdefault(scope, []).append(found)
         for sets in scopes.values():
-            sets.sort(key=lambda s: position(s[2]))
-            det = [s for s in sets if s[0] == "deterministic" and s[1]]
-            bench = [s for s in sets if s[0] == "benchmark" and s[1]]
+            sets.sort(key=lambda s: position(s.node))
+            det = [s for s in sets if s.switch == "deterministic" and s.is_true]
+            bench = [s for s in sets if s.switch == "benchmark" and s.is_true]
             done = False
-            for _, _, d in det:
-                for _, _, b in bench:
-                    if done or self._exclusive(d, b) or self._undone(sets, d) or self._undone(sets, b):
+            for d in det:
+                for b in bench:
+                    if done or d.node is b.node or self._exclusive(d.node, b.node) or self._undone(sets, d) or (
+                            self._undone(sets, b)):
                         continue
-                    later, earlier = (d, b) if position(d) > position(b) else (b, d)
-                    other = "benchmark" if later is d else "deterministic"
-                    self.report(
-                        later,
-                        f"cudnn.deterministic = True and cudnn.benchmark = True (line {earlier.lineno}) contradict "
-                        f"each other; set benchmark = False for reproducibility, or drop deterministic for speed"
-                        if other == "benchmark"
-                        else f"cudnn.benchmark = True and cudnn.deterministic = True (line {earlier.lineno}) "
-                        f"contradict each other; set benchmark = False for reproducibility, or drop deterministic "
-                        f"for speed",
-                    )
+                    later, earlier = (d, b) if position(d.node) > position(b.node) else (b, d)
+                    self._report(later, earlier)
                     done = True
 
-    def _undone(self, sets: list[tuple[str, bool, ast.AST]], node: ast.AST) -> bool:
-        """Whether a later assignment in the same scope sets the same switch to something else."""
-        switch = next(s for s, _, n in sets if n is node)
-        return any(s == switch and not t and position(n) > position(node) and not self._exclusive(n, node)
-                   for s, t, n in sets)
+    def _report(self, later: _Set, earlier: _Set) -> None:
+        advice = "set benchmark = False for reproducibility, or drop deterministic for speed"
+        if later.origin is None and earlier.origin is None:
+            self.report(later.node, f"cudnn.{later.switch} = True and cudnn.{earlier.switch} = True (line "
+                                    f"{earlier.node.lineno}) contradict each other; {advice}")  # type: ignore[attr-defined]
+            return
+        related: list[Related] = []
+        parts = []
+        for found, first in ((later, True), (earlier, False)):
+            if found.origin is None:
+                parts.append(f"cudnn.{found.switch} = True" + ("" if first else f" (line {found.node.lineno})"))  # type: ignore[attr-defined]
+                continue
+            ctx, node = found.origin
+            program = self.ctx.program
+            where = program.where(ctx, node) if program is not None and ctx is not self.ctx else (
+                f"line {node.lineno}")  # type: ignore[attr-defined]
+            called = "" if first else f", called on line {found.node.lineno}"  # type: ignore[attr-defined]
+            parts.append(f"`{found.helper}()` setting cudnn.{found.switch} = True ({where}{called})")
+            if program is not None:
+                related.append(program.place(ctx, node, f"cudnn.{found.switch} = True, set by `{found.helper}()`"))
+        self.report(later.node, f"{parts[0]} and {parts[1]} contradict each other; {advice}", related=tuple(related))
+
+    def _undone(self, sets: list[_Set], found: _Set) -> bool:
+        """Whether a later assignment (or helper call) in the same scope sets the same switch to something else."""
+        return any(s.switch == found.switch and not s.is_true and position(s.node) > position(found.node)
+                   and not self._exclusive(s.node, found.node) for s in sets)
 
     def _exclusive(self, a: ast.AST, b: ast.AST) -> bool:
         """Whether ``a`` and ``b`` sit in different branches of the same ``if`` (or ``try``/``match``)."""
@@ -117,6 +193,12 @@ class CudnnDeterministicWithBenchmark(Rule):
             if isinstance(ancestor, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
                 return False
         return False
+
+
+def _statement_calls(fn: ast.AST) -> list[ast.Call]:
+    """The calls a function makes as statements of its own body (``set_deterministic()``), in order."""
+    return [n.value for n in walk_own(getattr(fn, "body", []))
+            if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)]
 
 
 def _branch(ctx: object, node: ast.AST, stmt: ast.AST) -> str:

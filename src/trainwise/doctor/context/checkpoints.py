@@ -1,0 +1,263 @@
+"""What a file saves and loads: state dicts taken from models (wrapped in ``DataParallel``/DDP/``torch.compile``
+or bare), the keys of the checkpoint dict they sit in, the paths, and the models they are loaded into (TW302).
+
+One ``Checkpoints`` per file, made on first use (``ctx.analysis(Checkpoints)``); like the rest of the context it
+answers "unknown" (``None``, an empty list) when unsure.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trainwise.doctor.context.syntax import Binding, argument, dotted, is_param, keyword, position
+
+if TYPE_CHECKING:
+    from trainwise.doctor.context import Context
+
+# Wrappers whose state_dict() keys carry a prefix the bare model's keys do not have.
+WRAPPERS = {
+    "torch.nn.DataParallel": "module.",
+    "torch.nn.parallel.DataParallel": "module.",
+    "torch.nn.parallel.data_parallel.DataParallel": "module.",
+    "torch.nn.parallel.DistributedDataParallel": "module.",
+    "torch.nn.parallel.distributed.DistributedDataParallel": "module.",
+    "torch.compile": "_orig_mod.",
+}
+WRAPPER_NAMES = {"module.": "nn.DataParallel/DistributedDataParallel", "_orig_mod.": "torch.compile"}
+# Models built bare: a class of the file, a torchvision/timm/transformers constructor, an nn container.
+_MODEL_LIBRARIES = ("torchvision.models.", "timm.", "transformers.")
+_PREFIX_TOOLS = frozenset({"consume_prefix_in_state_dict_if_present", "removeprefix", "strip_prefix",
+                           "remove_prefix", "unwrap_model"})
+_MOVES = ("to", "cuda", "cpu", "float", "half", "double", "eval", "train", "requires_grad_")
+_READS = frozenset({"keys", "items", "values", "get"})  # dict methods that leave the keys as they are
+Keys = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WrappedSave:
+    """A wrapped model's state dict saved: ``path`` (an expression of the file, read at ``path_at``), the keys
+    of the checkpoint dict it sits in, how the saved model is named in a message, its key prefix, and the
+    save (or the call of the function that saves it)."""
+
+    path: ast.expr
+    keys: Keys
+    saved: str
+    prefix: str
+    save: ast.Call
+    path_at: ast.AST
+
+
+class Checkpoints:
+    """The state dicts a file saves and loads (see the module docstring)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._saves: list[WrappedSave] | None = None
+        self._strips: bool | None = None
+
+    def strips_prefixes(self) -> bool:
+        """Whether the file handles wrapper prefixes somewhere (``k.replace("module.", "")``,
+        ``removeprefix``, ``consume_prefix_in_state_dict_if_present``)."""
+        if self._strips is None:
+            self._strips = any(
+                isinstance(c.value, str) and ("module." in c.value or "_orig_mod" in c.value)  # type: ignore[attr-defined]
+                for c in self.ctx.nodes(ast.Constant)
+            ) or any(getattr(n, "attr", getattr(n, "id", None)) in _PREFIX_TOOLS
+                     for tp in (ast.Name, ast.Attribute) for n in self.ctx.nodes(tp))
+        return self._strips
+
+    def wrapped_saves(self) -> list[WrappedSave]:
+        """Each save of a wrapped model's state dict: directly, or in a function of the file that every call
+        passes a wrapped model (``def save_checkpoint(model, path)``, ``def train(model, ...)``)."""
+        if self._saves is None:
+            self._saves = cached = []
+            for call in self.ctx.nodes(ast.Call):
+                if self.ctx.qualname(call.func) != "torch.save" or len(call.args) < 2:  # type: ignore[attr-defined]
+                    continue
+                path = call.args[1]  # type: ignore[attr-defined]
+                for keys, model in self.state_dicts(call.args[0], call, (), 0):  # type: ignore[attr-defined]
+                    prefix = self.wrapper_prefix(model, call)
+                    if prefix is not None:
+                        cached.append(WrappedSave(path, keys, f"`{dotted(model)}`", prefix, call, call))  # type: ignore[arg-type]
+                    elif isinstance(model, ast.Name):
+                        cached.extend(WrappedSave(p, keys, name, pre, site, at)  # type: ignore[arg-type]
+                                      for p, name, pre, site, at in self._through_callers(model.id, path, call))
+        return self._saves
+
+    def _through_callers(self, param: str, path: ast.expr,
+                         save: ast.AST) -> list[tuple[ast.expr, str, str, ast.Call, ast.AST]]:
+        """(path, model, prefix, call site, where the path is read) when ``param`` is a parameter of the
+        function around ``save`` and every call of it passes a model wrapped in the same way; a path that is a
+        parameter too is read at each call."""
+        fn = self.ctx.scope(save)
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or isinstance(self.ctx.parent(fn), ast.ClassDef):
+            return []
+        if len(self.ctx.functions_named(fn.name)) != 1 or not is_param(fn, param):
+            return []
+        calls = [c for c in self.ctx.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == fn.name]  # type: ignore[attr-defined]
+        out = []
+        per_call = isinstance(path, ast.Name) and is_param(fn, path.id)  # each call saves to its own file
+        for call in calls[:32]:
+            arg = argument(fn, param, call)  # type: ignore[arg-type]
+            prefix = None
+            if isinstance(arg, ast.Call):
+                prefix = self.wrapper_call(arg)
+            elif arg is not None:
+                prefix = self.wrapper_prefix(arg, call)
+            if per_call and prefix is None:
+                continue
+            if prefix is None or (out and out[0][2] != prefix):
+                return []
+            name = f"`{dotted(arg)}`" if dotted(arg) is not None else "model"  # type: ignore[arg-type]
+            name += f" passed to `{fn.name}()`"
+            if per_call:
+                at_call = argument(fn, path.id, call)  # type: ignore[arg-type, union-attr]
+                if at_call is None:
+                    continue
+                out.append((at_call, name, prefix, call, call))  # type: ignore[arg-type]
+            else:
+                out.append((path, name, prefix, call, save))  # type: ignore[arg-type]
+        return out
+
+    def state_dicts(self, obj: ast.AST, at: ast.AST, keys: Keys, depth: int) -> list[tuple[Keys, ast.AST]]:
+        """The ``model.state_dict()`` calls a saved object holds, with the keys leading to each:
+        ``model.state_dict()``, ``{"model": model.state_dict(), ...}``, ``dict(model=...)``, or a name bound
+        to one of these."""
+        if depth > 3:
+            return []
+        if isinstance(obj, ast.Call) and isinstance(obj.func, ast.Attribute) and obj.func.attr == "state_dict":
+            return [(keys, obj.func.value)] if not obj.args and not obj.keywords else []
+        if isinstance(obj, ast.Dict):
+            out = []
+            for key, value in zip(obj.keys, obj.values):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    out.extend(self.state_dicts(value, at, (*keys, key.value), depth + 1))
+            return out
+        if isinstance(obj, ast.Call) and isinstance(obj.func, ast.Name) and obj.func.id == "dict" and not obj.args:
+            return [r for kw in obj.keywords if kw.arg for r in self.state_dicts(kw.value, at, (*keys, kw.arg),
+                                                                                depth + 1)]
+        if isinstance(obj, ast.Name):
+            binding = self.only_binding(obj, at)
+            if binding is not None and self.untouched(obj.id, binding, at):
+                return self.state_dicts(binding.value, binding.stmt, keys, depth + 1)  # type: ignore[arg-type]
+        return []
+
+    def loaded_from(self, state: ast.AST, at: ast.AST, depth: int = 0) -> tuple[ast.expr, Keys] | None:
+        """(path, keys) when the state dict is ``torch.load(path)[key]...`` (directly or through a name bound
+        to it and not changed before the load)."""
+        if depth > 3:
+            return None
+        keys: list[str] = []
+        while isinstance(state, ast.Subscript):
+            key = state.slice
+            if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+                return None
+            keys.insert(0, key.value)
+            state = state.value
+        if isinstance(state, ast.Call) and self.ctx.qualname(state.func) == "torch.load":
+            path = state.args[0] if state.args else getattr(keyword(state, "f"), "value", None)
+            return (path, tuple(keys)) if path is not None else None
+        if isinstance(state, ast.Name):
+            binding = self.only_binding(state, at)
+            if binding is not None and self.untouched(state.id, binding, at):
+                inner = self.loaded_from(binding.value, binding.stmt, depth + 1)  # type: ignore[arg-type]
+                if inner is not None:
+                    return inner[0], inner[1] + tuple(keys)
+        return None
+
+    def only_binding(self, name: ast.Name, at: ast.AST) -> Binding | None:
+        """The one assignment that gives ``name`` its value at ``at``, else None."""
+        found = self.ctx.reaching(name, at)
+        if len(found) != 1 or found[0].kind != "assign" or found[0].unpacked or found[0].value is None:
+            return None
+        return found[0]
+
+    def untouched(self, name: str, binding: Binding, at: ast.AST) -> bool:
+        """Whether, between its binding and ``at``, the name is only read by subscripting (``ckpt["epoch"]``):
+        passed to a call or changed in place, its keys may have been rewritten."""
+        scope = self.ctx.scope(binding.stmt)
+        start, end = position(binding.stmt), position(at)
+        for node in self.ctx.nodes(ast.Name):
+            if node.id != name or not (start < position(node) < end) or self.ctx.scope(node) is not scope:  # type: ignore[attr-defined]
+                continue
+            if self.ctx.is_inside(node, binding.stmt) or self.ctx.is_inside(node, at):
+                continue
+            parent = self.ctx.parent(node)
+            if isinstance(parent, ast.Subscript) and parent.value is node and isinstance(parent.ctx, ast.Load):
+                continue  # ckpt["epoch"]
+            if (isinstance(parent, ast.Attribute) and parent.attr in _READS
+                    and isinstance(self.ctx.parent(parent), ast.Call)):
+                continue  # state.keys(), state.items()
+            return False
+        return True
+
+    def wrapper_prefix(self, model: ast.AST, at: ast.AST) -> str | None:
+        """The key prefix when ``model`` is, where its state dict is taken, a DataParallel/DDP/compiled
+        wrapper: bound to ``nn.DataParallel(net)`` (or ``.to(device)`` of it)."""
+        if not isinstance(model, (ast.Name, ast.Attribute)) or dotted(model) is None:
+            return None
+        found = self.ctx.reaching(model, at)
+        if len(found) != 1 or found[0].kind != "assign" or found[0].unpacked or found[0].value is None:
+            return None
+        return self.wrapper_call(found[0].value)
+
+    def wrapper_call(self, value: ast.AST) -> str | None:
+        """The key prefix of a wrapper built by ``value`` (``nn.DataParallel(net).cuda()``), else None."""
+        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _MOVES:
+            value = value.func.value
+        if isinstance(value, ast.Call) and value.args:
+            return WRAPPERS.get(self.ctx.qualname(value.func) or "")
+        return None
+
+    def bare(self, target: ast.AST, at: ast.AST) -> bool:
+        """Whether the model loaded into is known to be unwrapped: ``wrapped.module``, or a name whose value
+        there is a model built bare (a class of the file or of another file of the run, a torchvision/timm
+        constructor); for an attribute (``self.model``), every value it is ever given is one."""
+        if isinstance(target, ast.Attribute) and target.attr in ("module", "_orig_mod"):
+            return self.wrapper_prefix(target.value, at) is not None
+        if isinstance(target, ast.Call):
+            return self.built_bare(target)  # Net().load_state_dict(...)
+        if isinstance(target, ast.Name):
+            found = self.ctx.reaching(target, at)
+        elif isinstance(target, ast.Attribute) and dotted(target) is not None:
+            found = self.ctx.bindings_of(target)
+        else:
+            return False
+        return bool(found) and all(
+            b.kind == "assign" and not b.unpacked and b.value is not None and self.built_bare(b.value)
+            for b in found
+        )
+
+    def built_bare(self, value: ast.AST) -> bool:
+        """Whether ``value`` builds a model that is no wrapper: a module class of this file or another file of
+        the run, a torchvision/timm/transformers constructor, an ``nn`` layer or container."""
+        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _MOVES:
+            value = value.func.value
+        if not isinstance(value, ast.Call) or self.wrapper_call(value) is not None:
+            return False
+        if isinstance(value.func, ast.Name) and value.func.id in self.ctx.module_classes:
+            return True
+        program = self.ctx.program
+        if program is not None and program.module_class(self.ctx, value.func) is not None:
+            return True
+        q = self.ctx.qualname(value.func) or ""
+        if q.startswith(_MODEL_LIBRARIES):
+            return q.rsplit(".", 1)[-1] not in ("compile",)
+        return q.startswith("torch.nn.") and q.rsplit(".", 1)[-1][:1].isupper() and q not in WRAPPERS
+
+    def same_path(self, a: ast.expr, a_at: ast.AST, b: ast.expr, b_at: ast.AST) -> bool:
+        """The same file: equal constants, or the same expression over the same variables."""
+        ca, cb = self.ctx.constant(a), self.ctx.constant(b)
+        if isinstance(ca, str) and isinstance(cb, str):
+            return ca == cb
+        if ast.dump(a) != ast.dump(b):
+            return False
+        for na, nb in zip(ast.walk(a), ast.walk(b)):
+            if isinstance(na, ast.Name) and isinstance(nb, ast.Name):
+                left = [id(x.stmt) for x in self.ctx.lookup(na.id, a_at)]
+                right = [id(x.stmt) for x in self.ctx.lookup(nb.id, b_at)]
+                if not left or left != right:
+                    return False
+        return True

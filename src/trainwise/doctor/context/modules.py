@@ -1,0 +1,206 @@
+"""What modules are made of: whether the module at a dotted path, a value, a class or a builder holds
+BatchNorm (or InstanceNorm that tracks running statistics), as far as the code shows (TW108).
+
+Known: torchvision and timm CNNs with BatchNorm (and which of their children hold it), ``torch.hub.load`` of
+``pytorch/vision``, ``nn.BatchNorm*``, ``nn.Sequential``/``ModuleList`` of those, classes and builders of the
+file that build them, and, through the program, classes and builders of the other files of the run. One
+``Norms`` per file (``ctx.analysis(Norms)``); every answer leans towards "no".
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import TYPE_CHECKING
+
+from trainwise.doctor.context.syntax import argument, init_of, is_const, is_param, keyword, method_call
+
+if TYPE_CHECKING:
+    from trainwise.doctor.context import Context
+
+_BN = re.compile(r"(?:Sync)?BatchNorm(?:[123]d)?|LazyBatchNorm[123]d")
+_IN = re.compile(r"(?:Lazy)?InstanceNorm[123]d")
+# torchvision constructors of CNNs with BatchNorm, and their children that hold it (None: the whole model).
+_TV_BN = re.compile(
+    r"resnet\d+|resnext\d+_\w+|wide_resnet\d+_\d|densenet\d+|efficientnet_(?:b\d|v2_[sml])|mobilenet_v[23]\w*|"
+    r"regnet_[xy]_\w+|vgg\d+_bn|inception_v3|googlenet|shufflenet_v2_\w+|mnasnet\w*"
+)
+_BN_CHILDREN = {
+    "res": {"bn1", "layer1", "layer2", "layer3", "layer4"},
+    "wid": {"bn1", "layer1", "layer2", "layer3", "layer4"},
+    "reg": {"stem", "trunk_output"},
+}
+_DEFAULT_CHILDREN = {"features"}
+# timm names of BatchNorm CNNs (resnetv2 and *_gn variants use GroupNorm, convnext LayerNorm: left out).
+_TIMM_BN = re.compile(r"(?:resnet\d|resnext|seresne|densenet|efficientnet|tf_efficientnet|mobilenetv[23]|regnet|"
+                      r"vgg\d+_bn)\w*")
+# Parameter names of a classification head (``fc``, ``classifier``, ``head``): frozen all but these.
+HEAD_WORD = re.compile(r"fc\d*|classifier|heads?|linear\d*|last_linear|logits|out|output|cls|lm_head|"
+                       r"(?:fc|head|classifier)_\w+")
+_MAX_SITES = 32  # constructions of a class followed, at most
+_DEPTH = 8  # values, classes and builders followed (a model class holding a backbone class holding blocks)
+_RESNETS = ("res", "wid")  # ctor[:3] of torchvision ResNets: BatchNorm in conv1/bn1 and every layer
+
+
+class Norms:
+    """Which modules of a file hold BatchNorm (see the module docstring)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._builds: dict[tuple[int, int], bool] = {}  # (id(container), depth) -> builds BatchNorm
+
+    def has_bn(self, path: str, at: ast.AST, excluded: set[str] | frozenset[str] = frozenset()) -> bool:
+        """Whether the script knows that the module at ``path`` holds BatchNorm (or tracking InstanceNorm)
+        outside its ``excluded`` children."""
+        root, *attrs = path.split(".")
+        value: ast.AST | None
+        if root == "self":
+            cls = self.ctx.enclosing_class(at)
+            if cls is None or not attrs:
+                return False
+            if cls.name in self.ctx.module_classes:
+                return self.class_has_bn(cls, attrs, 0, None, excluded)
+            value, attrs = self.ctx.self_value(cls, attrs[0]), attrs[1:]
+            init = init_of(cls)
+            if isinstance(value, ast.Name) and init is not None and is_param(init, value.id):
+                args = [(argument(init, value.id, c, method=True), c) for c in self.ctx.constructions(cls)[:_MAX_SITES]]
+                return any(a is not None and self.value_has_bn(a, attrs, c, 1, excluded) for a, c in args)
+        else:
+            value = self.ctx.value_of(ast.Name(id=root, ctx=ast.Load()), at)
+        return value is not None and self.value_has_bn(value, attrs, at, 0, excluded)
+
+    def value_has_bn(self, value: ast.AST, attrs: list[str], at: ast.AST, depth: int,
+                      excluded: set[str] | frozenset[str] = frozenset()) -> bool:
+        if depth > _DEPTH:
+            return False
+        if isinstance(value, ast.Name):
+            inner = self.ctx.value_of(value, at)
+            return inner is not None and self.value_has_bn(inner, attrs, at, depth + 1, excluded)
+        if isinstance(value, ast.Subscript):
+            return not attrs and not excluded and self._children_slice_has_bn(value, at, depth)
+        if isinstance(value, ast.Attribute):  # features = models.vgg16_bn(weights=...).features
+            return self.value_has_bn(value.value, [value.attr, *attrs], at, depth + 1, excluded)
+        if not isinstance(value, ast.Call):
+            return False
+        q = self.ctx.qualname(value.func) or ""
+        ctor = None
+        if q.startswith("torchvision.models."):
+            ctor = q.rsplit(".", 1)[1]
+        elif q == "torch.hub.load" and len(value.args) >= 2:
+            repo, entry = self.ctx.constant(value.args[0]), self.ctx.constant(value.args[1])
+            if isinstance(repo, str) and repo.split(":")[0] == "pytorch/vision" and isinstance(entry, str):
+                ctor = entry
+        if ctor is not None:
+            if not _TV_BN.fullmatch(ctor):
+                return False
+            children = _BN_CHILDREN.get(ctor[:3], _DEFAULT_CHILDREN)
+            if not attrs:
+                return not excluded or bool(children - excluded)
+            return attrs[0] in children and not excluded
+        if q == "timm.create_model":
+            arch = value.args[0] if value.args else getattr(keyword(value, "model_name"), "value", None)
+            name = self.ctx.constant(arch) if arch is not None else ...
+            if not isinstance(name, str):
+                return False
+            name = name.split("/")[-1].split(".")[0]
+            return (not attrs and bool(_TIMM_BN.fullmatch(name)) and "_gn" not in name and "resnetv2" not in name
+                    and all(HEAD_WORD.fullmatch(e) for e in excluded))
+        if q.startswith("torch.nn."):
+            last = q.rsplit(".", 1)[1]
+            if attrs or excluded:
+                return False
+            if _BN.fullmatch(last):
+                return True
+            if _IN.fullmatch(last):
+                return is_const(getattr(keyword(value, "track_running_stats"), "value", None), True)
+            if last in ("Sequential", "ModuleList"):
+                items = [a.value if isinstance(a, ast.Starred) else a for a in value.args]
+                items = [e for a in items for e in (a.elts if isinstance(a, (ast.List, ast.Tuple)) else [a])]
+                return any(self.value_has_bn(a, [], at, depth + 1) for a in items)
+            return False
+        if isinstance(value.func, ast.Name):
+            cls = self.ctx.class_named(value.func.id, at)
+            if cls is not None:
+                return self.class_has_bn(cls, attrs, depth, value, excluded)
+            helpers = [fn for fn in self.ctx.functions_named(value.func.id) if self.ctx.enclosing_class(fn) is None]
+            if len(helpers) == 1 and not attrs and not excluded:  # make_layers(cfg): a builder of this file
+                return self.builds_bn(helpers[0], depth)
+        return self._elsewhere_has_bn(value, attrs, depth, excluded)
+
+    def _elsewhere_has_bn(self, value: ast.Call, attrs: list[str], depth: int,
+                          excluded: set[str] | frozenset[str]) -> bool:
+        """A class or builder of another file of the run (``YoloBody`` imported from ``nets.yolo``)."""
+        program = self.ctx.program
+        if program is None:
+            return False
+        found = program.class_of(self.ctx, value.func)
+        if found is not None:
+            return found[0].analysis(Norms).class_has_bn(found[1], attrs, depth + 1, None, excluded)
+        callee = program.callee(self.ctx, value)
+        if callee is not None and not attrs and not excluded:
+            return callee[0].analysis(Norms).builds_bn(callee[1], depth + 1)
+        return False
+
+    def _children_slice_has_bn(self, expr: ast.Subscript, at: ast.AST, depth: int) -> bool:
+        """``list(resnet.children())[:-1]``: the first children of a torchvision CNN with BatchNorm (its stem
+        for a ResNet, ``features`` for the others) are kept."""
+        sl = expr.slice
+        if not isinstance(sl, ast.Slice) or sl.step is not None or not (sl.lower is None or is_const(sl.lower, 0)):
+            return False
+        inner = expr.value
+        if isinstance(inner, ast.Name):
+            inner = self.ctx.value_of(inner, at)  # type: ignore[assignment]
+        if (isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id in ("list", "tuple")
+                and len(inner.args) == 1):
+            inner = inner.args[0]
+        if not method_call(inner, "children") or inner.args or not isinstance(inner.func.value, ast.Name):  # type: ignore[attr-defined]
+            return False
+        upper = sl.upper
+        stop = (-upper.operand.value if isinstance(upper, ast.UnaryOp) and isinstance(upper.op, ast.USub)  # type: ignore[attr-defined]
+                and isinstance(upper.operand, ast.Constant) else getattr(upper, "value", None))
+        if not isinstance(stop, int) or isinstance(stop, bool):
+            return False
+        source = self.ctx.value_of(inner.func.value, at)  # type: ignore[attr-defined]
+        q = self.ctx.qualname(source.func) if isinstance(source, ast.Call) else None
+        if q is None or not q.startswith("torchvision.models.") or not _TV_BN.fullmatch(q.rsplit(".", 1)[1]):
+            return False
+        if q.rsplit(".", 1)[1][:3] in _RESNETS:
+            return -8 <= stop <= -1 or stop >= 2
+        return stop == -1 or stop >= 1
+
+    def class_has_bn(self, cls: ast.ClassDef, attrs: list[str], depth: int, ctor: ast.Call | None = None,
+                      excluded: set[str] | frozenset[str] = frozenset()) -> bool:
+        init = init_of(cls)
+        if init is None:
+            return False
+        if not attrs:
+            names = {b.split(".", 1)[1] for b in self.ctx.attr_bindings if b.startswith("self.") and b.count(".") == 1
+                     and any(self.ctx.scope(x.stmt) is init for x in self.ctx.attr_bindings[b])}
+            if excluded:  # the class's parts, but those unfrozen again
+                return any(self.class_has_bn(cls, [n], depth, ctor) for n in sorted(names - excluded))
+            return self.builds_bn(cls, depth) or (
+                ctor is not None and any(self.class_has_bn(cls, [n], depth, ctor) for n in sorted(names))
+            )
+        for b in self.ctx.attr_bindings.get(f"self.{attrs[0]}", []):
+            if self.ctx.scope(b.stmt) is not init or b.value is None or b.unpacked:
+                continue
+            value: ast.AST | None = b.value
+            where: ast.AST = b.stmt
+            if isinstance(value, ast.Name) and is_param(init, value.id):
+                if ctor is None:
+                    continue
+                value, where = argument(init, value.id, ctor, method=True), ctor  # Classifier(resnet18(...), 10)
+            if value is not None and self.value_has_bn(value, attrs[1:], where, depth + 1, excluded):
+                return True
+        return False
+
+    def builds_bn(self, container: ast.AST, depth: int) -> bool:
+        """Whether code in ``container`` constructs BatchNorm (or a known BatchNorm model, or a class or
+        builder of the file that does); memoised, a cycle (a class building itself) counts as no."""
+        key = (id(container), depth)
+        found = self._builds.get(key)
+        if found is None:
+            self._builds[key] = False
+            found = self._builds[key] = any(self.value_has_bn(call, [], call, depth + 1)
+                                            for call in self.ctx.calls_within(container))
+        return found

@@ -1,0 +1,518 @@
+"""The program a run checks: every file of the run, its imports resolved to the other files, and the questions
+that cross files.
+
+A training project is laid out in files (``train.py``, ``utils/utils_fit.py``, ``eval.py``, ``models/``): the
+backbone is frozen in one, ``model.train()`` runs in a helper of another; a state dict is saved by one script
+and loaded by the next. ``Program`` holds the files of one run (what ``trainwise doctor PATH ...`` checks) and
+answers, for a rule that checks one of them:
+
+- ``resolve(ctx, expr)``: what an imported name or attribute chain is in the run (``fit_one_epoch`` from
+  ``from utils.utils_fit import fit_one_epoch``, ``U.fit`` from ``import utils as U``, relative imports,
+  packages with or without ``__init__.py``, names a package's ``__init__.py`` imports again);
+- ``callee(ctx, call)``: the function of another file a call calls, with that file's ``Context``;
+- ``callers(ctx, fn)``: the calls of a module-level function from the other files of the run;
+- ``constant(ctx, expr)``: a literal, also through an import (``from config import CKPT``);
+- ``context(path)``: any file's ``Context`` (parsed once, kept within a memory budget, parsed again when
+  asked after it was dropped); ``place(ctx, node, message)``: a ``Related`` place for a finding.
+
+Everything is computed when first asked and cached; nothing is imported or run, and a file that cannot be
+read or parsed simply answers nothing. What each file knows about itself (bindings, roles, the same-file
+call graph, function summaries) stays in its ``Context``; this module only connects files. A file checked
+alone (``check_source``, ``check_file``) is a program of one file: every cross-file answer is empty.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+from trainwise.doctor.context import Context, dotted
+from trainwise.doctor.rule import Related, column_of
+
+if TYPE_CHECKING:
+    from trainwise.doctor.notebook import NotebookSource
+
+# Source text kept parsed at once (an ast with its index takes about 30 times its text): enough for real
+# projects; a larger run parses a file again when a later question needs it.
+_BUDGET = 4 << 20
+_REEXPORT_DEPTH = 5  # `from .utils_fit import fit` in a package's __init__.py, followed this many times
+_MAX_SITES = 64  # call sites of one function from other files, at most
+# An import statement in a file's text (a cheap filter before parsing: it may match inside a string too).
+_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+[.\w]+[ \t]+import[ \t]*(?:\([^)]*\)|[^\n;#]*)|import[ \t]+[^\n;#]*)",
+                     re.MULTILINE)
+_WORD = re.compile(r"\w+")
+
+
+@dataclass(frozen=True)
+class SourceText:
+    """What the program parses for a file: its text (a notebook's code cells joined) and, for a notebook, the
+    map from joined lines to cells."""
+
+    text: str
+    notebook: NotebookSource | None = None
+
+
+Reader = Callable[[str], "SourceText | None"]
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A module of the run (``name`` None) or a name defined at the top of one (``fit_one_epoch``, a class
+    ``Trainer``, ``Trainer.fit`` for a method)."""
+
+    path: str
+    name: str | None
+
+
+@dataclass
+class _ModuleInfo:
+    """What a file offers the others, small and kept for the whole run: its top-level functions and classes,
+    its imports (local name -> (folders a relative import starts from, dotted target)) and its module-level
+    constants."""
+
+    functions: dict[str, int] = field(default_factory=dict)  # name -> how many top-level defs have it
+    classes: dict[str, int] = field(default_factory=dict)
+    imports: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
+    constants: dict[str, object] = field(default_factory=dict)
+
+
+class Program:
+    """The files of one run and the questions that cross them (see the module docstring)."""
+
+    def __init__(self, paths: Sequence[str] = (), reader: Reader | None = None, *, budget: int = _BUDGET) -> None:
+        self.paths: list[str] = list(dict.fromkeys(paths))
+        self._reader = reader
+        self._budget = budget
+        self._files: dict[str, str] = {}  # absolute path of an importable .py file -> its path in the run
+        self._absolute: dict[str, str] = {}  # path in the run -> absolute path
+        for path in self.paths:
+            absolute = _absolute(path)
+            self._absolute[path] = absolute
+            if path.endswith(".py"):
+                self._files.setdefault(absolute, path)
+        folders = [os.path.dirname(a) for a in self._absolute.values()]
+        self._top = os.path.commonpath(folders) if folders else ""
+        self._folders: set[str] = set()  # folders holding .py files of the run (namespace packages too)
+        for absolute in self._files:
+            folder = os.path.dirname(absolute)
+            while folder not in self._folders and len(folder) >= len(self._top):
+                self._folders.add(folder)
+                parent = os.path.dirname(folder)
+                if parent == folder:
+                    break
+                folder = parent
+        self._contexts: OrderedDict[str, Context] = OrderedDict()
+        self._kept = 0
+        self._texts: dict[str, SourceText] = {}  # notebooks' cell maps (small), for places in them
+        self._unreadable: set[str] = set()
+        self._infos: dict[str, _ModuleInfo] = {}
+        self._bases: dict[str, tuple[str, ...]] = {}
+        self._resolved: dict[tuple[str, str], Symbol | None] = {}
+        self._callers: dict[tuple[str, str], list[tuple[str, int, int]]] = {}  # (file, function) -> calls
+        self._call_indexed: set[str] = set()  # files whose calls are in _callers
+        self._imported: dict[str, set[str]] | None = None
+        self._gathered: dict[str, list[object]] = {}
+
+    # ------------------------------------------------------------------------------------------------ files
+    def adopt(self, ctx: Context) -> Context:
+        """Make ``ctx`` (a file parsed by the caller) a file of this program; returns it."""
+        ctx.program = self
+        if ctx.path not in self._absolute:
+            self.paths.append(ctx.path)
+            self._absolute[ctx.path] = _absolute(ctx.path)
+        self._keep(ctx)
+        return ctx
+
+    def parsed(self, path: str, source: str) -> Context | None:
+        """The ``Context`` of ``path`` if the program holds one for this very text, else None."""
+        ctx = self._contexts.get(path)
+        if ctx is not None and ctx.source == source:
+            self._contexts.move_to_end(path)
+            return ctx
+        return None
+
+    def context(self, path: str) -> Context | None:
+        """The ``Context`` of a file of the run (parsed now if it is not kept); None when it cannot be read or
+        parsed, or when the program has no reader (a file checked alone)."""
+        ctx = self._contexts.get(path)
+        if ctx is not None:
+            self._contexts.move_to_end(path)
+            return ctx
+        if path in self._unreadable or self._reader is None or path not in self._absolute:
+            return None
+        text = self._reader(path)
+        tree = None
+        if text is not None:
+            try:
+                tree = ast.parse(text.text, filename=path)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                tree = None
+        if text is None or tree is None:
+            self._unreadable.add(path)
+            return None
+        if text.notebook is not None:
+            self._texts[path] = text
+        ctx = Context(tree, text.text, path)
+        ctx.program = self
+        self._keep(ctx)
+        return ctx
+
+    def _keep(self, ctx: Context) -> None:
+        old = self._contexts.pop(ctx.path, None)
+        if old is not None:
+            self._kept -= len(old.source)
+        self._contexts[ctx.path] = ctx
+        self._kept += len(ctx.source)
+        while self._kept > self._budget and len(self._contexts) > 1:
+            _, dropped = self._contexts.popitem(last=False)
+            self._kept -= len(dropped.source)
+            _release(dropped)
+
+    def close(self) -> None:
+        """Drop every kept context (a run that ends), so that their memory is freed without waiting for the
+        garbage collector."""
+        for ctx in self._contexts.values():
+            _release(ctx)
+        self._contexts.clear()
+        self._kept = 0
+
+    def place(self, ctx: Context, node: ast.AST, message: str) -> Related:
+        """A ``Related`` place at ``node`` of the file of ``ctx`` (a notebook's line mapped to its cell)."""
+        line = getattr(node, "lineno", 1)
+        column = column_of(ctx, node)
+        text = self._texts.get(ctx.path)
+        if text is None and ctx.path.endswith(".ipynb") and self._reader is not None:
+            text = self._reader(ctx.path)  # a notebook parsed by its own check: read its cells again for the map
+            if text is not None:
+                self._texts[ctx.path] = text
+        if text is not None and text.notebook is not None and text.text == ctx.source:
+            cell, line = text.notebook.locate(line)
+            return Related(ctx.path, line, column, message, cell)
+        return Related(ctx.path, line, column, message)
+
+    def where(self, ctx: Context, node: ast.AST) -> str:
+        """How a message names a place in another file: ``utils/utils_fit.py:12``."""
+        return self.place(ctx, node, "").where()
+
+    # ---------------------------------------------------------------------------------------------- imports
+    def _info(self, path: str) -> _ModuleInfo | None:
+        info = self._infos.get(path)
+        if info is None:
+            ctx = self.context(path)
+            if ctx is None:
+                return None
+            info = self._infos[path] = self._module_info(ctx)
+        return info
+
+    def _module_info(self, ctx: Context) -> _ModuleInfo:
+        info = _ModuleInfo()
+        tree = ctx.tree
+        for stmt in tree.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                info.functions[stmt.name] = info.functions.get(stmt.name, 0) + 1
+            elif isinstance(stmt, ast.ClassDef):
+                info.classes[stmt.name] = info.classes.get(stmt.name, 0) + 1
+            elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+                name = stmt.targets[0].id
+                value = ctx.constant(stmt.targets[0])
+                if value is not ... and len(ctx.bindings.get((tree, name), ())) == 1:
+                    info.constants[name] = value
+        folder = os.path.dirname(self._absolute.get(ctx.path) or _absolute(ctx.path))
+        for node in ctx.nodes(ast.Import):
+            for alias in node.names:  # type: ignore[attr-defined]
+                if alias.asname:
+                    info.imports[alias.asname] = ((), alias.name)
+                else:
+                    top = alias.name.split(".")[0]
+                    info.imports.setdefault(top, ((), top))
+        for node in ctx.nodes(ast.ImportFrom):
+            level, module = node.level, node.module  # type: ignore[attr-defined]
+            if level:
+                base = folder
+                for _ in range(level - 1):
+                    base = os.path.dirname(base)
+                bases: tuple[str, ...] = (base,)
+            elif module:
+                bases = ()
+            else:
+                continue
+            for alias in node.names:  # type: ignore[attr-defined]
+                if alias.name != "*":
+                    target = f"{module}.{alias.name}" if module else alias.name
+                    info.imports[alias.asname or alias.name] = (bases, target)
+        return info
+
+    def _search_bases(self, path: str) -> tuple[str, ...]:
+        """Folders an absolute import of ``path`` is looked up from, nearest first: its own folder and those
+        above it within the run (and above the packages it sits in), as a script run from any of them sees."""
+        bases = self._bases.get(path)
+        if bases is None:
+            found = []
+            folder = os.path.dirname(self._absolute.get(path) or _absolute(path))
+            for _ in range(32):
+                found.append(folder)
+                parent = os.path.dirname(folder)
+                inside = self._top and (folder + os.sep).startswith(self._top.rstrip(os.sep) + os.sep)
+                if parent == folder or not (inside or os.path.join(folder, "__init__.py") in self._files):
+                    break
+                folder = parent
+            bases = self._bases[path] = tuple(found)
+        return bases
+
+    def _module_file(self, parts: Sequence[str], bases: Sequence[str]) -> str | None:
+        for base in bases:
+            stem = os.path.join(base, *parts)
+            for candidate in (stem + ".py", os.path.join(stem, "__init__.py")):
+                found = self._files.get(candidate)
+                if found is not None:
+                    return found
+        return None
+
+    def _lookup(self, parts: list[str], bases: Sequence[str], depth: int) -> Symbol | None:
+        """The longest leading run of ``parts`` that is a module file, then the rest as names inside it."""
+        for k in range(len(parts), 0, -1):
+            found = self._module_file(parts[:k], bases)
+            if found is not None:
+                return Symbol(found, None) if k == len(parts) else self._member(found, parts[k:], depth)
+        return None
+
+    def _member(self, path: str, rest: list[str], depth: int) -> Symbol | None:
+        info = self._info(path)
+        if info is None:
+            return None
+        name = rest[0]
+        if name in info.functions or name in info.classes:
+            return Symbol(path, ".".join(rest))
+        imported = info.imports.get(name)
+        if imported is not None and depth < _REEXPORT_DEPTH:
+            bases, target = imported
+            return self._lookup([*target.split("."), *rest[1:]], bases or self._search_bases(path), depth + 1)
+        return None
+
+    def resolve(self, ctx: Context, expr: ast.AST) -> Symbol | None:
+        """What a name or attribute chain of ``ctx`` refers to in another file of the run, through the file's
+        imports; None for anything else (a local name, a library, a file outside the run)."""
+        text = dotted(expr)
+        if text is None or not self._files:
+            return None
+        key = (ctx.path, text)
+        if key in self._resolved:
+            return self._resolved[key]
+        found = None
+        root, *attrs = text.split(".")
+        info = self._info(ctx.path) if ctx.path in self._absolute else self._module_info(ctx)
+        imported = info.imports.get(root) if info is not None else None
+        if imported is not None and not _shadowed(ctx, expr, root):
+            bases, target = imported
+            found = self._lookup([*target.split("."), *attrs], bases or self._search_bases(ctx.path), 0)
+            if found is not None and found.path == ctx.path:
+                found = None
+        self._resolved[key] = found
+        return found
+
+    # -------------------------------------------------------------------------------------------- functions
+    def function(self, symbol: Symbol) -> tuple[Context, ast.FunctionDef | ast.AsyncFunctionDef] | None:
+        """The one top-level function (or method, ``Class.name``) a symbol names, with its file's context."""
+        if symbol.name is None:
+            return None
+        ctx = self.context(symbol.path)
+        if ctx is None:
+            return None
+        body: list[ast.stmt] = ctx.tree.body
+        *owners, name = symbol.name.split(".")
+        for owner in owners:
+            classes = [s for s in body if isinstance(s, ast.ClassDef) and s.name == owner]
+            if len(classes) != 1:
+                return None
+            body = classes[0].body
+        found = [s for s in body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == name]
+        return (ctx, found[0]) if len(found) == 1 else None
+
+    def callee(self, ctx: Context, call: ast.Call) -> tuple[Context, ast.FunctionDef | ast.AsyncFunctionDef] | None:
+        """The function of another file of the run that ``call`` calls (``fit_one_epoch(...)`` imported,
+        ``utils.seed_everything(...)``), with that file's context; None for anything else."""
+        symbol = self.resolve(ctx, call.func)
+        return self.function(symbol) if symbol is not None else None
+
+    def class_of(self, ctx: Context, expr: ast.AST) -> tuple[Context, ast.ClassDef] | None:
+        """The class of another file of the run that ``expr`` names (``YoloBody`` imported from ``nets.yolo``)."""
+        symbol = self.resolve(ctx, expr)
+        if symbol is None or symbol.name is None or "." in symbol.name:
+            return None
+        other = self.context(symbol.path)
+        if other is None:
+            return None
+        found = [s for s in other.tree.body if isinstance(s, ast.ClassDef) and s.name == symbol.name]
+        return (other, found[0]) if len(found) == 1 else None
+
+    def module_class(self, ctx: Context, expr: ast.AST) -> tuple[Context, ast.ClassDef] | None:
+        """The ``nn.Module`` subclass of another file of the run that ``expr`` names (``from models import
+        Net``), with that file's context."""
+        found = self.class_of(ctx, expr)
+        return found if found is not None and found[1].name in found[0].module_classes else None
+
+    def gather(self, name: str, extract: Callable[[Context], list[_T]], needles: tuple[str, ...] = ()) -> list[_T]:
+        """Every item ``extract(ctx)`` finds in the files of the run whose text holds each of ``needles`` (a
+        cheap filter: only those files are parsed), computed once per run and ``name``. The items must hold no
+        ``ast`` node (a file's context may be dropped and parsed again): strings, numbers, ``Related`` places."""
+        found = self._gathered.get(name)
+        if found is None:
+            found = self._gathered[name] = []
+            for path in self.paths:
+                if needles:
+                    text = self._read(path)
+                    if text is None or not all(needle in text for needle in needles):
+                        continue
+                ctx = self.context(path)
+                if ctx is not None:
+                    found.extend(extract(ctx))
+        return found  # type: ignore[return-value]
+
+    def _read(self, path: str) -> str | None:
+        kept = self._contexts.get(path)
+        if kept is not None:
+            return kept.source
+        if self._reader is None or path in self._unreadable:
+            return None
+        text = self._reader(path)
+        return None if text is None else text.text
+
+    def callers(self, ctx: Context, fn: ast.AST) -> list[tuple[Context, ast.Call]]:
+        """The calls of ``fn`` (a module-level function of ``ctx``'s file) from the other files of the run,
+        each with its file's context (at most 64). Only the files whose import statements name the function or
+        its module are parsed for it (``_import_index``)."""
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or ctx.scope(fn) is not ctx.tree:
+            return []
+        absolute = self._absolute.get(ctx.path)
+        if absolute is None or absolute not in self._files or len(self.paths) < 2:
+            return []
+        index = self._import_index()
+        words = {fn.name, *_module_words(absolute, self._top)}
+        for path in sorted(set().union(*(index.get(w, ()) for w in words)) - {ctx.path}):
+            if path not in self._call_indexed:
+                self._call_indexed.add(path)
+                self._index_calls(path)
+        sites = self._callers.get((ctx.path, fn.name), [])
+        out = []
+        for path, line, column in sites[:_MAX_SITES]:
+            other = self.context(path)
+            if other is None:
+                continue
+            for call in other.nodes(ast.Call):
+                if call.lineno == line and call.col_offset == column:  # type: ignore[attr-defined]
+                    out.append((other, call))
+                    break
+        return out  # type: ignore[return-value]
+
+    def _import_index(self) -> dict[str, set[str]]:
+        """name -> the files of the run whose import statements mention it (modules, names, aliases), from
+        their text: one read of each file, nothing parsed."""
+        if self._imported is None:
+            self._imported = {}
+            for path in self.paths:
+                text = self._read(path)
+                if text is None or "import" not in text:
+                    continue
+                for statement in _IMPORT.finditer(text):
+                    for word in _WORD.findall(statement.group()):
+                        self._imported.setdefault(word, set()).add(path)
+        return self._imported
+
+    def _index_calls(self, path: str) -> None:
+        """Record the calls of ``path`` that reach a module-level function of another file of the run."""
+        ctx = self.context(path)
+        info = self._info(path)
+        if ctx is None or info is None or not info.imports:
+            return
+        roots = {name for name in info.imports if self._may_be_local(path, name)}
+        if not roots:
+            return
+        for call in ctx.nodes(ast.Call):
+            func = call.func  # type: ignore[attr-defined]
+            root = func
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if not isinstance(root, ast.Name) or root.id not in roots:
+                continue
+            symbol = self.resolve(ctx, func)
+            if symbol is not None and symbol.name is not None and "." not in symbol.name:
+                info_there = self._info(symbol.path)
+                if info_there is not None and symbol.name in info_there.functions:
+                    site = (path, call.lineno, call.col_offset)  # type: ignore[attr-defined]
+                    self._callers.setdefault((symbol.path, symbol.name), []).append(site)
+
+    def _may_be_local(self, path: str, name: str) -> bool:
+        """Whether an imported name could come from a file of the run (its module's first part is one)."""
+        info = self._infos[path]
+        bases, target = info.imports[name]
+        first = target.split(".")[0]
+        for base in bases or self._search_bases(path):
+            stem = os.path.join(base, first)
+            if stem + ".py" in self._files or stem in self._folders:
+                return True
+        return False
+
+    # -------------------------------------------------------------------------------------------------- values
+    def constant(self, ctx: Context, expr: ast.AST) -> object:
+        """The value of a literal, of a name bound once to one, or of a module-level constant of another file
+        of the run that the name is imported from (``from config import CKPT``, ``cfg.CKPT``); ``...`` when
+        unknown."""
+        value = ctx.constant(expr)
+        if value is not ... or not isinstance(expr, (ast.Name, ast.Attribute)):
+            return value
+        symbol = self.resolve(ctx, expr)
+        if symbol is None or symbol.name is None or "." in symbol.name:
+            if symbol is None and isinstance(expr, ast.Name):
+                return self._imported_constant(ctx, expr)
+            return ...
+        info = self._info(symbol.path)
+        return info.constants.get(symbol.name, ...) if info is not None else ...
+
+    def _imported_constant(self, ctx: Context, expr: ast.Name) -> object:
+        """``from config import CKPT``: the constant ``CKPT`` of ``config.py`` (not a function or class)."""
+        info = self._info(ctx.path) if ctx.path in self._absolute else None
+        imported = info.imports.get(expr.id) if info is not None else None
+        if imported is None or _shadowed(ctx, expr, expr.id):
+            return ...
+        bases, target = imported
+        module, _, name = target.rpartition(".")
+        if not module:
+            return ...
+        found = self._module_file(module.split("."), bases or self._search_bases(ctx.path))
+        there = self._info(found) if found is not None else None
+        return there.constants.get(name, ...) if there is not None else ...
+
+
+def _module_words(absolute: str, top: str) -> set[str]:
+    """The names an import of a file may use: ``utils/engine.py`` -> ``{"utils", "engine"}`` (its folders
+    within the run, its stem; a package's ``__init__.py`` by its folder)."""
+    rest = absolute[len(top):] if top and absolute.startswith(top) else os.path.basename(absolute)
+    parts = [p for p in re.split(r"[\\/]", rest) if p]
+    if parts:
+        parts[-1] = parts[-1].rsplit(".", 1)[0]
+    return {p for p in parts if p != "__init__"}
+
+
+def _release(ctx: Context) -> None:
+    """Break the cycles between a dropped context and its analyses (``Functions(ctx)`` keeps ``ctx``), so that
+    reference counting frees it; a rule still holding it gets fresh analyses if it asks again."""
+    ctx._analyses.clear()
+
+
+def _absolute(path: str) -> str:
+    try:
+        return os.path.abspath(path)
+    except (OSError, ValueError):
+        return path
+
+
+def _shadowed(ctx: Context, expr: ast.AST, root: str) -> bool:
+    """Whether ``root`` at ``expr`` is bound by the file itself (a variable, parameter, function or class of
+    the same name) rather than only imported."""
+    return bool(ctx.lookup(root, expr))

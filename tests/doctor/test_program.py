@@ -1,0 +1,251 @@
+"""The program a run checks (``trainwise.doctor.program``): imports resolved to the other files of the run,
+calls followed across files and back, constants through imports, a memory budget that never changes an
+answer, and findings across files named in every output format."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trainwise.doctor.engine import check_file, check_paths, check_sources, read_source
+from trainwise.doctor.program import Program, Symbol
+from trainwise.doctor.report import render
+
+UTILS = """\
+import torch
+
+
+def seed_everything(seed):
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = True
+"""
+TRAIN = """\
+import torch
+
+from utils import seed_everything
+
+seed_everything(0)
+torch.backends.cudnn.benchmark = True
+"""
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+
+
+def program_of(root: Path) -> Program:
+    return Program(sorted(str(p) for p in root.rglob("*.py")), read_source)
+
+
+def resolved(program: Program, root: Path, path: str, expression: str) -> Symbol | None:
+    ctx = program.context(str(root / path))
+    assert ctx is not None
+    node = next(n for n in ast.walk(ctx.tree) if isinstance(n, (ast.Name, ast.Attribute))
+                and ast.unparse(n) == expression)
+    found = program.resolve(ctx, node)
+    return None if found is None else Symbol(Path(found.path).relative_to(root).as_posix(), found.name)
+
+
+@pytest.mark.parametrize(
+    ("importer", "expression", "expected"),
+    [
+        ("from utils.utils_fit import fit_one_epoch\nfit_one_epoch()\n", "fit_one_epoch",
+         Symbol("utils/utils_fit.py", "fit_one_epoch")),
+        ("import utils.utils_fit as U\nU.fit_one_epoch()\n", "U.fit_one_epoch",
+         Symbol("utils/utils_fit.py", "fit_one_epoch")),
+        ("import utils.utils_fit\nutils.utils_fit.fit_one_epoch()\n", "utils.utils_fit.fit_one_epoch",
+         Symbol("utils/utils_fit.py", "fit_one_epoch")),
+        ("from utils import utils_fit\nutils_fit.fit_one_epoch()\n", "utils_fit.fit_one_epoch",
+         Symbol("utils/utils_fit.py", "fit_one_epoch")),
+        ("from nets import YoloBody\nYoloBody()\n", "YoloBody", Symbol("nets/yolo.py", "YoloBody")),
+        ("from nets.yolo import YoloBody as Y\nY()\n", "Y", Symbol("nets/yolo.py", "YoloBody")),
+        ("import nets\nnets.YoloBody()\n", "nets.YoloBody", Symbol("nets/yolo.py", "YoloBody")),
+        ("from nets.yolo import YoloBody\nYoloBody.forward\n", "YoloBody.forward",
+         Symbol("nets/yolo.py", "YoloBody.forward")),
+        ("import torch\ntorch.load\n", "torch.load", None),  # a library: not in the run
+        ("from utils.utils_fit import missing\nmissing()\n", "missing", None),
+        ("from utils.utils_fit import fit_one_epoch\nfit_one_epoch = None\nfit_one_epoch\n", "fit_one_epoch", None),
+    ],
+)
+def test_imports_resolve_to_the_files_of_the_run(tmp_path, importer, expression, expected):
+    write(tmp_path, {
+        "utils/utils_fit.py": "def fit_one_epoch():\n    pass\n",  # a namespace package: no __init__.py
+        "nets/__init__.py": "from .yolo import YoloBody\n",
+        "nets/yolo.py": "class YoloBody:\n    def forward(self):\n        pass\n",
+        "train.py": importer,
+    })
+    assert resolved(program_of(tmp_path), tmp_path, "train.py", expression) == expected
+
+
+def test_relative_imports_start_from_the_package(tmp_path):
+    write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/common/__init__.py": "",
+        "pkg/common/seeding.py": "def seed():\n    pass\n",
+        "pkg/tools/__init__.py": "",
+        "pkg/tools/run.py": "from ..common.seeding import seed\nfrom . import helpers\nseed()\nhelpers.go()\n",
+        "pkg/tools/helpers.py": "def go():\n    pass\n",
+        "seeding.py": "def seed():\n    pass\n",  # same name at the top: not what the relative import means
+    })
+    program = program_of(tmp_path)
+    assert resolved(program, tmp_path, "pkg/tools/run.py", "seed") == Symbol("pkg/common/seeding.py", "seed")
+    assert resolved(program, tmp_path, "pkg/tools/run.py", "helpers.go") == Symbol("pkg/tools/helpers.py", "go")
+
+
+def test_callers_across_files_and_constants_through_imports(tmp_path):
+    write(tmp_path, {
+        "config.py": "CKPT = 'weights/best.pth'\nSIZE = 3\nSIZE = 4\n",
+        "engine.py": "def evaluate(model, loader):\n    return [model(x) for x in loader]\n",
+        "train.py": "from engine import evaluate\nfrom config import CKPT, SIZE\nevaluate(1, [])\nprint(CKPT, SIZE)\n",
+        "test.py": "import engine\nengine.evaluate(2, [])\n",
+    })
+    program = program_of(tmp_path)
+    engine = program.context(str(tmp_path / "engine.py"))
+    assert engine is not None
+    fn = engine.tree.body[0]
+    sites = sorted((Path(ctx.path).name, call.lineno) for ctx, call in program.callers(engine, fn))
+    assert sites == [("test.py", 2), ("train.py", 3)]
+    train = program.context(str(tmp_path / "train.py"))
+    assert train is not None
+    names = {n.id: n for n in ast.walk(train.tree) if isinstance(n, ast.Name)}
+    assert program.constant(train, names["CKPT"]) == "weights/best.pth"
+    assert program.constant(train, names["SIZE"]) is ...  # bound twice: not a constant
+
+
+def test_a_small_budget_parses_again_and_answers_the_same(tmp_path):
+    files = {f"m{i}.py": f"def f{i}():\n    pass\n" for i in range(20)}
+    files["main.py"] = "".join(f"from m{i} import f{i}\n" for i in range(20)) + "".join(f"f{i}()\n" for i in range(20))
+    write(tmp_path, files)
+    roomy, tight = program_of(tmp_path), program_of(tmp_path)
+    tight._budget = 1  # one file kept at a time
+    for program in (roomy, tight):
+        main = program.context(str(tmp_path / "main.py"))
+        assert main is not None
+        calls = [n for n in ast.walk(main.tree) if isinstance(n, ast.Call)]
+        found = [program.callee(main, c) for c in calls]
+        assert [fn.name for _, fn in found] == [f"f{i}" for i in range(20)]  # type: ignore[misc]
+    assert len(tight._contexts) == 1 and len(roomy._contexts) == 21
+
+
+def test_a_file_checked_alone_has_no_finding_across_files(tmp_path):
+    write(tmp_path, {"utils.py": UTILS, "train.py": TRAIN})
+    assert [f.code for r in check_paths([str(tmp_path)]) for f in r.findings] == ["TW202"]
+    assert check_file(str(tmp_path / "train.py")).findings == []
+
+
+def test_unreadable_and_broken_files_answer_nothing(tmp_path):
+    write(tmp_path, {"utils.py": "def seed_everything(:\n", "train.py": TRAIN})
+    results = {Path(r.path).name: [f.code for f in r.findings] for r in check_paths([str(tmp_path)])}
+    assert results == {"train.py": [], "utils.py": ["TW900"]}
+    assert read_source(str(tmp_path / "missing.py")) is None
+
+
+def test_findings_across_files_name_both_places_in_every_format(tmp_path):
+    found = check_sources({"utils.py": UTILS, "train.py": TRAIN})
+    assert found["utils.py"] == []
+    (finding,) = found["train.py"]
+    assert "utils.py:6" in finding.message
+    (related,) = finding.related
+    assert (related.path, related.line, related.column) == ("utils.py", 6, 5)
+
+    text = io.StringIO()
+    render([finding], text, fmt="text", files=2)
+    lines = text.getvalue().splitlines()
+    assert lines[0].startswith("train.py:6:1: TW202 ") and lines[1].startswith("  utils.py:6:5: note: ")
+
+    out = io.StringIO()
+    render([finding], out, fmt="json")
+    (data,) = json.loads(out.getvalue())
+    assert data["related"] == [{"path": "utils.py", "line": 6, "column": 5, "message": related.message}]
+
+    out = io.StringIO()
+    render([finding], out, fmt="sarif")
+    (result,) = json.loads(out.getvalue())["runs"][0]["results"]
+    (location,) = result["relatedLocations"]
+    assert location["physicalLocation"]["artifactLocation"]["uri"] == "utils.py"
+    assert location["physicalLocation"]["region"] == {"startLine": 6, "startColumn": 5}
+
+    out = io.StringIO()
+    render([finding], out, fmt="github")
+    assert out.getvalue().count("::error ") == 1 and "%0Autils.py:6:5: note: " in out.getvalue()
+
+
+def test_a_finding_without_related_places_keeps_its_json_keys():
+    found = check_sources({"train.py": "import torch\nstate = torch.load('x.pt')\n"})
+    assert set(found["train.py"][0].to_dict()) == {"path", "line", "column", "code", "name", "message", "fixable"}
+
+
+def test_a_notebook_calls_a_helper_of_the_run(tmp_path):
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["# notes"]},
+             {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+              "source": ["import torch\n", "from utils import seed_everything\n"]},
+             {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+              "source": ["seed_everything(1)\n", "torch.backends.cudnn.benchmark = True\n"]}]
+    notebook = {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "explore.ipynb").write_text(json.dumps(notebook), encoding="utf-8")
+    write(tmp_path, {"utils.py": UTILS})
+    (finding,) = [f for r in check_paths([str(tmp_path)]) for f in r.findings]
+    assert (Path(finding.path).name, finding.cell, finding.line) == ("explore.ipynb", 3, 2)
+    assert [(Path(r.path).name, r.line) for r in finding.related] == [("utils.py", 6)]
+
+
+def test_a_helper_called_from_a_notebook_names_the_cell(tmp_path):
+    cells = [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+              "source": ["import torch\n", "from engine import evaluate\n"]},
+             {"cell_type": "markdown", "metadata": {}, "source": ["## validation"]},
+             {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+              "source": ["model = torch.nn.Linear(2, 2)\n", "print(evaluate(model, val_loader))\n"]}]
+    notebook = {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "explore.ipynb").write_text(json.dumps(notebook), encoding="utf-8")
+    write(tmp_path, {"engine.py": """\
+        import torch
+
+
+        def evaluate(model, loader):
+            model.eval()
+            return sum(model(x).sum().item() for x in loader)
+        """})
+    (finding,) = [f for r in check_paths([str(tmp_path)]) for f in r.findings]
+    assert (finding.code, Path(finding.path).name, finding.line) == ("TW104", "engine.py", 6)
+    assert [(Path(r.path).name, r.cell, r.line) for r in finding.related] == [("explore.ipynb", 3, 2)]
+    assert "explore.ipynb:cell 3:2" in finding.message
+
+
+def test_import_cycles_and_odd_imports_end(tmp_path):
+    """Cycles (a package whose ``__init__`` imports a name from itself, two modules importing each other),
+    relative imports above the run's top folder, star imports: every question ends, nothing raises."""
+    write(tmp_path, {
+        "loop/__init__.py": "from loop import thing\nfrom .loop import other\n",
+        "loop/loop.py": "from . import other\nfrom loop import thing\n",
+        "a.py": "from b import f\n\ndef g():\n    f()\n",
+        "b.py": "from a import g as f\n\ndef h():\n    f()\n",
+        "deep.py": "from .......far import away\nfrom . import *\naway()\n",
+        "train.py": """\
+            import torch
+            from loop import thing, other
+            from a import g
+            import b
+
+            torch.backends.cudnn.benchmark = True
+            thing()
+            other()
+            g()
+            b.h()
+            b.f()
+            """,
+    })
+    findings = [f for r in check_paths([str(tmp_path)]) for f in r.findings]
+    assert findings == []
+    program = program_of(tmp_path)
+    train = program.context(str(tmp_path / "train.py"))
+    assert train is not None
+    calls = [n for n in ast.walk(train.tree) if isinstance(n, ast.Call)]
+    assert all(program.callee(train, c) is None or c.func is not None for c in calls)
