@@ -15,6 +15,8 @@ same-file function it calls, or read a block's statements in order:
 - ``Functions.optimizer_modules(node)``: the modules whose ``.parameters()`` an optimizer was built from;
 - ``Functions.flag_conditions(stmt, fn)``: the ``if flag:`` tests on parameters a statement runs under, and
   ``Functions.cudnn_switches(fn)``: the cuDNN switches a function sets (TW202);
+- ``function_values(ctx, expr, at)``: the functions a callback stands for (``worker_init_fn=seed_worker``, a
+  lambda, ``functools.partial(f, ...)``, ``self.method``, a function imported from another file of the run);
 - ``callees(ctx, call)``: the functions a call may call, in its own file or (through the program) another
   one; ``value_at_call(...)``: the constant a call gives a parameter, its default included;
   ``reaches_call(ctx, container, predicate)``: a call that code there makes, itself or through helpers of
@@ -603,3 +605,74 @@ def _collected_in(region: ast.AST) -> set[str]:
                 ):
                     found.add(dotted(target))  # type: ignore[arg-type]
     return found
+
+
+@dataclass(frozen=True)
+class FunctionValue:
+    """A function named as a value (a callback such as ``worker_init_fn=seed_worker``): the function, its
+    file's context, and how many of its leading positional parameters are already filled when it is called
+    back (``self`` of a bound method, the positional arguments of ``functools.partial``)."""
+
+    ctx: Context
+    function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+    bound: int = 0
+
+    def parameter(self, index: int) -> str | None:
+        """The name of the ``index``-th positional parameter the caller fills (0: the first argument it
+        passes), None when ``*args`` or a missing parameter takes it."""
+        args = self.function.args
+        positional = [a.arg for a in (*args.posonlyargs, *args.args)]
+        index += self.bound
+        return positional[index] if index < len(positional) else None
+
+
+def function_values(ctx: Context, expr: ast.AST, at: ast.AST, depth: int = 0) -> list[FunctionValue] | None:
+    """The functions an expression passed as a callback stands for: a lambda, a function of the file (also
+    through a variable bound once), ``self.method`` of the enclosing class, ``functools.partial(f, ...)``,
+    either branch of ``a if c else b``, or a function of another file of the run it imports. ``[]`` for
+    ``None``; None when any part is unknown (a parameter, a library function, a body that cannot be seen)."""
+    if depth > 4:
+        return None
+    if isinstance(expr, ast.Constant) and expr.value is None:
+        return []
+    if isinstance(expr, ast.Lambda):
+        return [FunctionValue(ctx, expr)]
+    if isinstance(expr, ast.IfExp):
+        body = function_values(ctx, expr.body, at, depth + 1)
+        orelse = function_values(ctx, expr.orelse, at, depth + 1)
+        return None if body is None or orelse is None else body + orelse
+    if isinstance(expr, ast.Call):
+        if last_name(expr.func) != "partial" or not expr.args or any(isinstance(a, ast.Starred) for a in expr.args):
+            return None
+        if ctx.qualname(expr.func) not in (None, "functools.partial"):
+            return None
+        inner = function_values(ctx, expr.args[0], at, depth + 1)
+        if inner is None:
+            return None
+        extra = len(expr.args) - 1
+        return [FunctionValue(v.ctx, v.function, v.bound + extra) for v in inner]
+    if isinstance(expr, ast.Name):
+        found = ctx.lookup(expr.id, at)
+        defs = [b.stmt for b in found if b.kind == "def"]
+        if found and len(defs) == len(found) == 1 and isinstance(defs[0], _FUNCTIONS):
+            return [FunctionValue(ctx, defs[0])]
+        reaching = ctx.reaching(expr, at)
+        if found and not all(b.kind == "import" for b in found):
+            if len(reaching) == 1 and reaching[0].kind == "assign" and not reaching[0].unpacked:
+                value = reaching[0].value
+                return function_values(ctx, value, reaching[0].stmt, depth + 1) if value is not None else None
+            return None
+    elif isinstance(expr, ast.Attribute) and dotted(expr.value) == "self":
+        cls = ctx.enclosing_class(at)
+        methods = [s for s in cls.body if isinstance(s, _FUNCTIONS) and s.name == expr.attr] if cls else []
+        if len(methods) != 1 or ctx.attr_bindings.get(f"self.{expr.attr}"):
+            return None
+        method = methods[0]
+        if any(last_name(d) == "classmethod" for d in method.decorator_list):
+            return None
+        return [FunctionValue(ctx, method, 1 if is_bound_method(method, cls) else 0)]
+    if ctx.program is None:
+        return None
+    symbol = ctx.program.resolve(ctx, expr)
+    other = ctx.program.function(symbol) if symbol is not None and symbol.name and "." not in symbol.name else None
+    return [FunctionValue(other[0], other[1])] if other is not None else None

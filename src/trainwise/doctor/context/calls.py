@@ -11,6 +11,7 @@ from trainwise.doctor.context.syntax import (
     is_bound_method,
     last_name,
     position,
+    walk_own,
 )
 
 _TORCH_LIBRARIES = frozenset(
@@ -32,7 +33,26 @@ _EVAL_FUNCTION = re.compile(
     r"|_*\w+_(?:evaluate|evaluation|validate|validation|eval)",
 )
 
+# Names that say a value is a metric: train_acc, correct, f1_score, val_metrics, miou, mae.
+_METRIC_WORD = re.compile(
+    r"(?:^|_|m)(?:acc|accs|accuracy|correct|metric|metrics|f1|auc|auroc|score|scores|precision|recall|iou|mae|"
+    r"rmse|mse|ppl|perplexity)(?:$|_|\d)",
+    re.IGNORECASE,
+)
+
 _LOOP_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "progress_bar", "track", "zip"})
+
+def _trains(call: ast.Call) -> bool:
+    """``loss.backward()``, ``optimizer.step()``: a call that trains (not ``env.step(action)`` nor a
+    scheduler's step)."""
+    func = call.func
+    if not isinstance(func, ast.Attribute):
+        return False
+    if func.attr in ("backward", "manual_backward"):
+        return True
+    receiver = (last_name(func.value) or "").lower()
+    return func.attr == "step" and "opt" in receiver and "sched" not in receiver
+
 
 def _loops_of(fn: ast.AST) -> list[ast.AST]:
     """Loops of a function's own body (nested functions excluded)."""
@@ -136,6 +156,8 @@ class CallGraph:
                         loops = [self.parent(lp) if isinstance(lp, ast.comprehension) else lp for lp in _loops_of(fn)]
                         calls = [c for loop in loops if loop is not None for c in self._model_calls(loop)]
                         calls = list({id(c): c for c in calls}.values())
+                        if not calls:
+                            calls = self._single_forward_evaluation(fn)  # type: ignore[arg-type]
                         if calls:
                             regions.append((fn, sorted(calls, key=position)))
                             seen.update(id(c) for c in calls)
@@ -149,6 +171,41 @@ class CallGraph:
                             regions.append((loop, sorted(calls, key=position)))
         self._cache[("evaluations", 0)] = regions  # type: ignore[index]
         return regions
+
+    def _single_forward_evaluation(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
+        """The model calls of an evaluation function that runs the model without a loop (one full-graph or
+        full-batch forward: ``out = model(data.x, data.edge_index)``, then accuracies): the function returns
+        what it computes, reads like a metric (``acc``, ``correct``, ``f1``, ``.eq(...)``), and is called
+        from a loop of the file that trains (``for epoch ...: train(); test()``). Empty otherwise: a shape
+        check ``def test(): print(net(torch.randn(1, 3, 32, 32)).size())`` returns nothing."""
+        calls = self._model_calls(fn)
+        if not calls or not any(isinstance(n, ast.Return) and n.value is not None for n in walk_own(fn.body)):
+            return []
+        metric = False
+        for n in walk_own(fn.body):
+            word = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None
+            if word is not None and (_METRIC_WORD.search(word) or word == "eq"):
+                metric = True
+                break
+        if not metric:
+            return []
+        for site in self.call_sites(fn):
+            loop = self.enclosing_loop(site)
+            if loop is not None and self.reaches_call(loop, _trains):
+                return calls
+        program = self.program
+        if program is not None:
+            for other, site in program.callers(self, fn):  # type: ignore[arg-type]
+                loop = other.enclosing_loop(site)
+                if loop is None:
+                    continue
+                if other.reaches_call(loop, _trains):
+                    return calls
+                for call in other.calls_within(loop):
+                    found = program.callee(other, call)
+                    if found is not None and found[0].reaches_call(found[1], _trains):
+                        return calls
+        return []
 
     def _is_evaluation_function(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         name = fn.name

@@ -43,7 +43,10 @@ class EvaluationInTrainMode(Rule):
     - an evaluation loop (a loop over a validation or test loader, or the loop of a function named like
       `evaluate`, `validate` or `test` that runs the model) when neither that function, nor a function of
       the same file it calls, nor a function that calls it puts the model in eval mode (`model.eval()` or
-      `model.train(False)`);
+      `model.train(False)`). An evaluation function without a loop counts too: one full-graph or
+      full-batch forward (`out = model(data.x, data.edge_index)` in a graph network's `test()`) in a function
+      named like `test` or `evaluate` that returns what it computes, reads like a metric (`acc`, `correct`,
+      `f1`, `.eq(...)`) and is called from a loop that trains (`for epoch ...: train(); test()`);
     - a loop that trains (calls `backward()`) and runs such an evaluation, which calls `.eval()`, but never
       calls `model.train()` again: from the second epoch on, training runs in eval mode.
 
@@ -128,10 +131,13 @@ class EvaluationInTrainMode(Rule):
             for call in calls:
                 if self.ctx.under_unknown_with(call, _TRANSPARENT_WITH) or self._loaded_model(call):
                     continue
+                kind, before = "an evaluation loop", "before the loop"
+                if isinstance(region, _FUNCTIONS) and self.ctx.enclosing_loop(call) is None:
+                    kind, before = f"the evaluation function `{region.name}`", "before the forward"
                 self.report(
                     call,
-                    f"`{self.ctx.segment(call.func)}` runs in an evaluation loop, but nothing puts it in eval mode"
-                    f"{where}: dropout and BatchNorm act as in training; call `.eval()` before the loop",
+                    f"`{self.ctx.segment(call.func)}` runs in {kind}, but nothing puts it in eval mode"
+                    f"{where}: dropout and BatchNorm act as in training; call `.eval()` {before}",
                     related=related,
                 )
                 break

@@ -26,7 +26,11 @@ class EvaluationWithGradEnabled(Rule):
 
     - a loop over a validation or test loader (`for x, y in val_loader`, `dataloaders["val"]`), in a script,
       a function or a method, also when the same script or function trains elsewhere;
-    - the loop of a function named like `evaluate`, `validate` or `test`;
+    - the loop of a function named like `evaluate`, `validate` or `test`, or, in such a function without a
+      loop over the model, its single forward (a graph network's full-graph `out = model(data.x,
+      data.edge_index)`, a full-batch model) when the function returns what it computes, reads like a metric
+      (`acc`, `correct`, `f1`, `.eq(...)`) and is called from a loop that trains (`train(); test()` each
+      epoch): a shape check that returns nothing, or a function no training loop calls, is not one;
     - a loop that runs a model after `model.eval()` (or `model = ....eval()`) in the same block, with no
       `model.train()` in between: an evaluation function under any name (`check_accuracy(loader, model)`),
       the test section at the end of a training script, a prediction or generation loop.
@@ -136,10 +140,17 @@ class EvaluationWithGradEnabled(Rule):
                     program = self.ctx.program
                     assert program is not None
                     where = f" (called with autograd on from {', '.join(program.where(c, s) for c, s in outside[:3])})"
+                if isinstance(region, _FUNCTIONS) and self.ctx.enclosing_loop(call) is None:
+                    text = (f"`{self.ctx.segment(call.func)}` runs in the evaluation function `{region.name}` with "
+                            f"autograd on{where}: the forward records a graph (and keeps every activation) it never "
+                            f"uses; decorate `{region.name}` with `@torch.no_grad()`")
+                else:
+                    text = (f"`{self.ctx.segment(call.func)}` runs in an evaluation loop with autograd on{where}: "
+                            f"every batch records a graph it never uses; wrap the loop in `torch.no_grad()` or "
+                            f"`torch.inference_mode()`")
                 self.report(
                     call,
-                    f"`{self.ctx.segment(call.func)}` runs in an evaluation loop with autograd on{where}: every batch "
-                    f"records a graph it never uses; wrap the loop in `torch.no_grad()` or `torch.inference_mode()`",
+                    text,
                     related=tuple(self.ctx.program.place(c, s, "called here with autograd on")  # type: ignore[union-attr]
                                   for c, s in outside[:3]),
                 )

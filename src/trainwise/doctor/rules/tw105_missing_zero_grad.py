@@ -1,23 +1,30 @@
-"""TW105 missing-zero-grad: a training loop that calls ``backward()`` and ``step()`` but never zeroes gradients."""
+"""TW105 missing-zero-grad: a training loop that calls ``backward()`` and updates (``step()``, or by hand from
+``.grad``) but never zeroes gradients."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 
-from trainwise.doctor.context import dotted, method_call, position, walk_own
-from trainwise.doctor.functions import functions, same_or_below
-from trainwise.doctor.rule import Rule
+from trainwise.doctor.context import Context, dotted, last_name, method_call, position, walk_own
+from trainwise.doctor.functions import callees, functions, reaches_call, same_or_below
+from trainwise.doctor.rule import Related, Rule
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
 
 class MissingZeroGrad(Rule):
-    """A training loop with `backward()` and `optimizer.step()` but no `zero_grad()` anywhere in it.
+    """A training loop with `backward()` and an update (`optimizer.step()`, or by hand from `.grad`), no `zero_grad()`.
 
     ## What it does
     Finds a loop whose body calls `loss.backward()` and `optimizer.step()` (or `scaler.step(optimizer)`)
     while nothing in the loop, nor in a function of the same file that the loop calls, zeroes the
     gradients: no `optimizer.zero_grad()`, no `model.zero_grad()`, no `p.grad = None`.
+
+    Without an optimizer, it finds a loop that calls `backward()` and updates parameters by hand from their own
+    gradient (`p.data -= lr * p.grad`, `p.data.add_(p.grad, alpha=-lr)`, `with torch.no_grad(): w -= lr *
+    w.grad`), in the loop or in a helper of any file of the run that the loop calls (`sgd_step(params, lr)`),
+    while nothing there clears the gradient (`p.grad = None`, `p.grad.zero_()`, `model.zero_grad()`).
 
     When the loop steps several optimizers (a GAN's generator and discriminator), each one's gradients must
     be cleared: by its own `zero_grad()`, by `zero_grad()` on a module it was built from (`netG.zero_grad()`
@@ -42,6 +49,12 @@ class MissingZeroGrad(Rule):
     that is not an optimizer (MixMatch's `ema_optimizer.step()` right after `optimizer.step()`: a weight
     average that reads no gradients).
 
+    The updates by hand are judged the same way, and the rule stays silent when the gradient is cleared in the
+    loop or in a helper it calls (d2l's `sgd` zeroes what it applied), when the updated tensor is made anew in
+    the loop (`adv = adv.detach().requires_grad_()` in an adversarial attack: a fresh leaf each step), outside
+    loops, in a loop with no backward pass (an optimizer's own `step()`), and when the loop also steps an
+    optimizer (judged as above).
+
     ## Example
     ```python
     import torch
@@ -51,6 +64,13 @@ class MissingZeroGrad(Rule):
         loss = criterion(model(x), y)
         loss.backward()
         optimizer.step()
+
+    w = torch.randn(10, 1, requires_grad=True)
+    for t in range(500):
+        loss = (x.mm(w) - y).pow(2).sum()
+        loss.backward()
+        with torch.no_grad():
+            w -= 1e-3 * w.grad
     ```
 
     ## Use instead
@@ -63,6 +83,13 @@ class MissingZeroGrad(Rule):
         loss = criterion(model(x), y)
         loss.backward()
         optimizer.step()
+
+    w = torch.randn(10, 1, requires_grad=True)
+    for t in range(500):
+        (x.mm(w) - y).pow(2).sum().backward()
+        with torch.no_grad():
+            w -= 1e-3 * w.grad
+        w.grad = None  # or w.grad.zero_()
     ```
 
     ## Fix safety
@@ -73,6 +100,10 @@ class MissingZeroGrad(Rule):
     code = "TW105"
     name = "missing-zero-grad"
     message = "the loop calls backward() and step() but never zeroes the gradients: they add up across steps"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._manual_reported: set[int] = set()
 
     def visit_For(self, node: ast.For) -> None:
         """A ``for`` loop."""
@@ -87,7 +118,7 @@ class MissingZeroGrad(Rule):
         self._check(node)
 
     def _check(self, loop: ast.For | ast.AsyncFor | ast.While) -> None:
-        if "step" not in self.ctx.method_receivers:
+        if "backward" not in self.ctx.method_receivers and "step" not in self.ctx.method_receivers:
             return
         calls = _own_calls(loop)
         if not any(self._is_backward(c) for c in calls):
@@ -95,6 +126,8 @@ class MissingZeroGrad(Rule):
         steps = sorted(((c, name) for c in calls if (name := self._optimizer_step(c)) is not None),
                        key=lambda pair: position(pair[0]))
         if not steps:
+            if not any(self._optimizer_step(c) is not None or method_call(c, "step") for c in calls):
+                self._check_manual(loop, calls)
             return
         # the innermost loop holding a backward and an optimizer's step decides for that optimizer
         inner_decided: set[str] = set()
@@ -139,6 +172,77 @@ class MissingZeroGrad(Rule):
                 f"`{optimizer}`: each `{optimizer}` step applies the sum of all earlier batches' gradients; "
                 f"call `{optimizer}.zero_grad()` before its backward pass",
             )
+
+    # --------------------------------------------------------------------------- updates without an optimizer
+    def _check_manual(self, loop: ast.AST, calls: list[ast.Call]) -> None:
+        """A loop that runs ``backward()`` and updates parameters by hand from their ``.grad``
+        (``p.data -= lr * p.grad``), in the loop or in a helper it calls, and clears no gradient."""
+        inner = [n for n in _own_loops(loop) if any(self._is_backward(c) for c in _own_calls(n))]
+        found: list[tuple[ast.AST, str, ast.AST | None, Context]] = []  # (report at, parameter, update, its file)
+        for node, base in _manual_updates(walk_own(ast.iter_child_nodes(loop))):
+            if any(self.ctx.is_inside(node, n) for n in inner):
+                continue  # an inner loop with its own backward decides
+            if not self._rebound_in(base, node, loop):
+                found.append((node, base, None, self.ctx))
+        for call in calls:
+            if any(self.ctx.is_inside(call, n) for n in inner):
+                continue
+            for other, fn in callees(self.ctx, call):
+                if isinstance(fn, ast.Lambda) or fn is self.ctx.scope(loop):
+                    continue
+                updates = _manual_updates(walk_own(fn.body))
+                if updates:
+                    found.append((call, updates[0][1], updates[0][0], other))
+                    break
+        if not found or self._clears(loop):
+            return
+        node, base, update, other = min(found, key=lambda f: position(f[0]))
+        if id(node) in self._manual_reported:
+            return
+        self._manual_reported.add(id(node))
+        related: tuple[Related, ...] = ()
+        who = f"`{base}` is updated by hand from `{base}.grad`"
+        if update is not None:
+            program = self.ctx.program
+            name = getattr(other.scope(update), "name", "a helper")
+            where = f" ({program.where(other, update)})" if program is not None else ""
+            who = f"`{name}`{where} updates `{base}` by hand from `{base}.grad`"
+            if program is not None:
+                related = (program.place(other, update, f"updates `{base}` from `{base}.grad`"),)
+        self.report(
+            node,
+            f"{who} after backward() in this loop, but nothing clears the gradient: backward() adds to `.grad`, so "
+            f"each update applies the sum of the gradients of every iteration so far; set `.grad = None` (or call "
+            f"`.grad.zero_()`) after the update",
+            related=related,
+        )
+
+    def _rebound_in(self, base: str, at: ast.AST, loop: ast.AST) -> bool:
+        """Whether the updated tensor is made anew inside the loop (``x_adv = x_adv.detach()...``): a fresh leaf
+        whose ``.grad`` starts empty. A loop over parameters (``for p in model.parameters()``) does not count."""
+        bindings = self.ctx.lookup(base, at) if "." not in base else self.ctx.attr_bindings.get(base, [])
+        for b in bindings:
+            if not self.ctx.is_inside(b.stmt, loop) or b.kind in ("param", "augassign") or b.stmt is at:
+                continue
+            if b.kind == "for" and b.iter is not None and last_name(
+                    b.iter.func if isinstance(b.iter, ast.Call) else b.iter) in _PARAMETER_SOURCES:
+                continue
+            if b.kind == "for" and isinstance(b.iter, ast.Name):
+                continue  # for p in params
+            return True
+        return False
+
+    def _clears(self, loop: ast.AST) -> bool:
+        """Whether the loop (or a helper it calls, in any file of the run) clears gradients."""
+        if reaches_call(self.ctx, loop, _zeroes) or _assigns_grad(loop):
+            return True
+        if any(_assigns_grad(fn) for fn in self.ctx.helpers_called(loop)):
+            return True
+        for call in self.ctx.calls_within(loop):
+            for _, fn in callees(self.ctx, call):
+                if _assigns_grad(fn):
+                    return True
+        return False
 
     def _cleared(self, loop: ast.AST, stepped: set[str]) -> list[tuple[str, str]] | None:
         """What the loop (and the same-file functions it calls) zeroes: ("optimizer", name) for a stepped
@@ -254,6 +358,45 @@ class MissingZeroGrad(Rule):
             target = dotted(call.args[0])
             return target if target is not None and self.ctx.is_optimizer(call.args[0]) else None
         return None  # step(closure): the closure does the work
+
+
+_PARAMETER_SOURCES = frozenset({"parameters", "named_parameters", "params", "weights", "values"})
+
+
+def _base(expr: ast.AST) -> str | None:
+    """``p.data`` -> ``p``, ``p.grad.data`` -> ``p.grad``: the tensor behind ``.data``."""
+    while isinstance(expr, ast.Attribute) and expr.attr == "data":
+        expr = expr.value
+    return dotted(expr)
+
+
+def _reads_grad_of(expr: ast.AST, base: str) -> bool:
+    """Whether ``expr`` reads ``<base>.grad`` (``lr * p.grad``, ``p.grad.data``, ``p.grad / n``)."""
+    return any(isinstance(n, ast.Attribute) and n.attr == "grad" and _base(n.value) == base for n in ast.walk(expr))
+
+
+def _manual_updates(nodes: Iterable[ast.AST]) -> list[tuple[ast.AST, str]]:
+    """Parameter updates by hand from their own gradient: ``p -= lr * p.grad``, ``p.data = p.data - lr *
+    p.grad``, ``p.data.add_(p.grad, alpha=-lr)``, ``p.sub_(lr * p.grad)``; each with the parameter's name."""
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Sub, ast.Add)):
+            base = _base(node.target)
+            if base is not None and _reads_grad_of(node.value, base):
+                found.append((node, base))
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.BinOp):
+            target = node.targets[0]
+            base = _base(target) if isinstance(target, ast.Attribute) and target.attr == "data" else None
+            if base is not None and _reads_grad_of(node.value, base) and any(
+                    _base(n) == base for n in (node.value.left, node.value.right)):
+                found.append((node, base))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("add_", "sub_")):
+            base = _base(node.func.value)
+            given = (*node.args, *(k.value for k in node.keywords))
+            if base is not None and any(_reads_grad_of(a, base) for a in given):
+                found.append((node, base))
+    return sorted(found, key=lambda f: position(f[0]))
 
 
 def _zeroes(call: ast.Call) -> bool:

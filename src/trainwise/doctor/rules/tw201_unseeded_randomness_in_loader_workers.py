@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ast
 
-from trainwise.doctor.context import dotted, has_star_kwargs, is_const, keyword, last_name
-from trainwise.doctor.rule import Rule
+from trainwise.doctor.context import Context, dotted, has_star_kwargs, is_const, keyword, last_name, walk_own
+from trainwise.doctor.functions import FunctionValue, callees, constant_of, function_values
+from trainwise.doctor.rule import Related, Rule
 
 # Seed calls that seed torch's default (CPU) generator: the loader's shuffle order and worker seeds come from it.
 _TORCH_SEEDS = frozenset(
@@ -48,14 +49,36 @@ _RANDOM_TORCH = frozenset(
      "normal"}
 )
 _DATASET_METHODS = ("__getitem__", "__getitems__", "__iter__")
+# Calls that seed a global generator of the process they run in (a worker, in a worker_init_fn): what they seed.
+_GLOBAL_SEEDERS = {
+    **{q: "`random`, NumPy and torch" for q in _TORCH_SEEDS},
+    "random.seed": "`random`",
+    "numpy.random.seed": "NumPy's global generator",
+    "torch.manual_seed": "torch's generator",
+    "torch.random.manual_seed": "torch's generator",
+    "imgaug.seed": "imgaug's generator",
+    "imgaug.random.seed": "imgaug's generator",
+    "mmcv.runner.set_random_seed": "`random`, NumPy and torch",
+    "mmengine.runner.set_random_seed": "`random`, NumPy and torch",
+}
+# Builtins a seed may go through and stay the same value (int(args.seed), abs(seed) % 2**32).
+_SAME_VALUE_CALLS = frozenset({"int", "float", "abs", "round", "min", "max", "str", "getattr"})
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 class UnseededRandomnessInLoaderWorkers(Rule):
-    """A seeded script whose multi-worker DataLoader draws random numbers that the seed does not control.
+    """A multi-worker DataLoader whose workers draw random numbers the seed does not control, or all the same ones.
 
     ## What it does
-    In a script that asks for reproducibility (`torch.manual_seed`, `random.seed`, `np.random.seed`,
+    Finds a `DataLoader(...)` with worker processes whose `worker_init_fn` seeds a generator with the same value
+    in every worker: `np.random.seed(args.seed)`, `random.seed(seed + rank)`, `torch.manual_seed(cfg.SEED)`,
+    a seeding helper of the project (`set_seed(args.seed)`), or an RNG object it stores
+    (`info.dataset.rng = np.random.default_rng(seed)`), with a seed that reads neither the worker id nor
+    anything that differs per worker. The function may be a `def`, a lambda, a method, a
+    `functools.partial(f, seed=...)`, or a function imported from another file of the run; the finding is on
+    the loader's `worker_init_fn=` and names the seed call.
+
+    And, in a script that asks for reproducibility (`torch.manual_seed`, `random.seed`, `np.random.seed`,
     `seed_everything`, `set_seed`, `torch.use_deterministic_algorithms(True)`,
     `torch.backends.cudnn.deterministic = True`), finds a `DataLoader(...)` with a literal `num_workers > 0`
     that either
@@ -68,6 +91,16 @@ class UnseededRandomnessInLoaderWorkers(Rule):
       seeds `random` or NumPy (or sets deterministic flags) but never seeds torch.
 
     ## Why is this bad?
+    torch gives every worker its own seed for `random`, NumPy and torch. A `worker_init_fn` that seeds them
+    again with one value for all (the process rank is the same in every worker of a process) undoes that: the
+    workers draw the same random numbers, so samples loaded by different workers get the same crops, flips and
+    noise, and the augmentation is far less random than it looks. Seed from `torch.initial_seed() % 2**32`
+    (which differs per worker and per epoch) or add the worker id. The rule stays silent when the seed reads
+    the worker id, `torch.initial_seed()`, `get_worker_info()`, a random draw or any call it does not know;
+    when the same generator is seeded again with such a value; when the seed runs only in some workers
+    (`if worker_id == 0:`); when the function seeds nothing; on `num_workers=0` (or no `num_workers`); and when
+    the function cannot be seen (a parameter, a library function, a file outside the run).
+
     Each worker process starts with a copy of the dataset. torch reseeds the *global* generators of every
     worker (`torch`, `random`, `np.random`) from a base seed drawn from torch's generator, but it cannot reseed
     an RNG object the dataset holds: every worker starts from the same state, so the workers repeat each
@@ -103,6 +136,13 @@ class UnseededRandomnessInLoaderWorkers(Rule):
 
 
     loader = DataLoader(NoisyDataset(np.zeros((100, 8))), batch_size=10, num_workers=4)
+
+
+    def worker_init_fn(worker_id):
+        np.random.seed(0)  # the same seed in every worker
+
+
+    augmented = DataLoader(list(range(100)), batch_size=10, num_workers=4, worker_init_fn=worker_init_fn)
     ```
 
     ## Use instead
@@ -133,6 +173,23 @@ class UnseededRandomnessInLoaderWorkers(Rule):
 
     loader = DataLoader(NoisyDataset(np.zeros((100, 8))), batch_size=10, num_workers=4, worker_init_fn=reseed)
     ```
+    A `worker_init_fn` seeds each worker from the seed torch gave it:
+    ```python
+    import random
+
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader
+
+
+    def seed_worker(worker_id):
+        worker_seed = torch.initial_seed() % 2**32
+        np.random.seed(worker_seed)
+        random.seed(worker_seed)
+
+
+    loader = DataLoader(list(range(100)), batch_size=10, num_workers=4, worker_init_fn=seed_worker)
+    ```
     For global random modules in a script that does not seed torch, pass
     `generator=torch.Generator().manual_seed(seed), worker_init_fn=trainwise.data.seed_worker`.
 
@@ -148,10 +205,16 @@ class UnseededRandomnessInLoaderWorkers(Rule):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._seeding: tuple[bool, bool, str] | None = None  # (asks, torch seeded, what is seeded)
+        # loaders whose worker_init_fn seeds every worker alike: (loader, its worker_init_fn=, the function,
+        # the seed call, what it seeds, the worker count)
+        self._alike: list[tuple[ast.Call, ast.expr, FunctionValue, ast.Call, str, object]] = []
 
     def visit_Call(self, node: ast.Call) -> None:
         """``DataLoader(...)``."""
-        if not self.ctx.is_loader_call(node) or has_star_kwargs(node):
+        if not self.ctx.is_loader_call(node):
+            return
+        self._check_worker_init(node)
+        if has_star_kwargs(node):
             return
         workers = self._workers(node)
         if workers is None:
@@ -186,6 +249,57 @@ class UnseededRandomnessInLoaderWorkers(Rule):
             f"(for random, NumPy and torch) come from torch's unseeded generator and change on every run; pass "
             f"generator=torch.Generator().manual_seed(seed), worker_init_fn=trainwise.data.seed_worker",
         )
+
+    # ------------------------------------------------------------------------------------ worker_init_fn
+    def _check_worker_init(self, call: ast.Call) -> None:
+        """A ``worker_init_fn`` that seeds a generator with the same value in every worker."""
+        kw = keyword(call, "worker_init_fn")
+        if kw is None:
+            return
+        count = keyword(call, "num_workers")
+        value = count.value if count is not None else (call.args[5] if len(call.args) > 5 else None)
+        if value is None:
+            return  # DataLoader's default: no worker process (or a count hidden in **kwargs)
+        workers = constant_of(self.ctx, value)
+        if workers is not ... and not (type(workers) is int and workers > 0):
+            return
+        for candidate in function_values(self.ctx, kw.value, call) or ():
+            found = _alike_seed(candidate)
+            if found is not None:
+                self._alike.append((call, kw.value, candidate, found[0], found[1], workers))
+                return
+
+    def finish(self) -> None:
+        """One finding per seed call, at the first loader of the file that uses it."""
+        done: set[tuple[str, int, int]] = set()
+        for _, passed, fv, seed, what, workers in sorted(self._alike, key=lambda a: _position(a[0])):
+            key = (fv.ctx.path, seed.lineno, seed.col_offset)
+            if key in done:
+                continue
+            done.add(key)
+            name = getattr(fv.function, "name", "the lambda")
+            name = f"`{name}`" if name != "the lambda" else name
+            program = self.ctx.program
+            where = ""
+            if fv.ctx is not self.ctx and program is not None:
+                where = f" ({program.where(fv.ctx, fv.function)})"
+            worker = fv.parameter(0)
+            ignores = (f"it does not depend on `{worker}`" if worker and not worker.startswith("_")
+                       else "it ignores the worker id")
+            many = f"the {workers} workers" if type(workers) is int else "the workers"
+            text = fv.ctx.segment(seed).strip() or "the seed call"
+            text = text if len(text) <= 60 else text[:57] + "..."
+            related: tuple[Related, ...] = ()
+            if program is not None:
+                related = (program.place(fv.ctx, seed, f"seeds {what} with the same value in every worker"),)
+            self.report(
+                passed,
+                f"worker_init_fn {name}{where} seeds {what} with `{text}`, the same value in every worker "
+                f"({ignores}): {many} draw the same random numbers (the same augmentations for different "
+                f"samples), undoing the distinct seed torch gives each worker; seed from "
+                f"`torch.initial_seed() % 2**32` (which differs per worker and per epoch) or add the worker id",
+                related=related,
+            )
 
     # ------------------------------------------------------------------------------------------ the loader
     def _workers(self, call: ast.Call) -> int | None:
@@ -332,3 +446,117 @@ class UnseededRandomnessInLoaderWorkers(Rule):
                         asks, torch_seeded = asks or a, torch_seeded or t
                 return asks, torch_seeded, short if asks else None
         return True, True, None  # an unknown seeding helper may seed torch: stay silent on that question
+
+
+# ------------------------------------------------------------------------------------- worker seeding
+def _alike_seed(fv: FunctionValue) -> tuple[ast.Call, str] | None:
+    """The first call of a worker_init_fn that seeds a generator with a value that is the same in every
+    worker (it reads neither the worker id nor anything that differs per worker: ``torch.initial_seed()``,
+    ``get_worker_info()``, a random draw, any unknown call), with what it seeds; None when every seed may
+    differ, when the same generator is also seeded with a value that may, or when it seeds nothing."""
+    ctx, fn = fv.ctx, fv.function
+    worker = fv.parameter(0)
+    if worker is None and fn.args.vararg is None:
+        return None  # not callable with the worker id: not a worker_init_fn we understand
+    body: list[ast.AST] = [fn.body] if isinstance(fn, ast.Lambda) else list(fn.body)
+    alike: list[tuple[ast.Call, str]] = []
+    varying: set[str] = set()
+    for node in walk_own(body):
+        if not isinstance(node, ast.Call):
+            continue
+        seeded = _seeds(ctx, node)
+        if seeded is None:
+            continue
+        what, values = seeded
+        if (values and all(_same_in_workers(ctx, fn, worker, v) for v in values)
+                and _runs_in_every_worker(ctx, fn, worker, node)):
+            alike.append((node, what))
+        else:
+            varying.add(what)
+    for node, what in sorted(alike, key=lambda a: _position(a[0])):
+        if what not in varying:
+            return node, what
+    return None
+
+
+def _seeds(ctx: Context, call: ast.Call, depth: int = 0) -> tuple[str, list[ast.expr]] | None:
+    """What a call seeds and the values it seeds it with: a global generator (``np.random.seed(s)``), an RNG
+    object stored on an attribute (``info.dataset.rng = np.random.default_rng(s)``), or a seeding helper of the
+    run whose body seeds a global generator with what it is given (``set_seed(s)``)."""
+    q = ctx.qualname(call.func)
+    values = [a for a in call.args[:1] if not isinstance(a, ast.Starred)]
+    values += [kw.value for kw in call.keywords if kw.arg in ("seed", "a")]
+    if q in _GLOBAL_SEEDERS:
+        return _GLOBAL_SEEDERS[q], values
+    if q in _RNG_CLASSES:
+        parent = ctx.parent(call)
+        if (isinstance(parent, ast.Assign) and len(parent.targets) == 1
+                and isinstance(parent.targets[0], ast.Attribute) and call.args):
+            return f"`{dotted(parent.targets[0]) or 'an RNG'}` (a {_RNG_CLASSES[q]})", values
+        return None
+    name = last_name(call.func) or ""
+    if q is not None and ctx.program is not None and ctx.program.resolve(ctx, call.func) is None:
+        return None  # a library function: only the known ones above count
+    if "seed" not in name.lower() or depth > 1 or name in _NOT_SEEDING:
+        return None
+    for other, fn in callees(ctx, call):
+        whats: list[str] = []
+        for inner in sorted((n for n in walk_own(fn.body) if isinstance(n, ast.Call)), key=_position):
+            seeded = _seeds(other, inner, depth + 1)
+            if seeded is not None and seeded[1] and all(_same_in_workers(other, fn, None, v) for v in seeded[1]):
+                whats.append(seeded[0])
+        if whats:
+            args = [a for a in call.args if not isinstance(a, ast.Starred)] + [k.value for k in call.keywords]
+            return f"{', '.join(dict.fromkeys(whats))} (through `{name}`)", args
+    return None
+
+
+def _position(node: ast.AST) -> tuple[int, int]:
+    return getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
+
+
+def _same_in_workers(ctx: Context, fn: ast.AST, worker: str | None, expr: ast.AST,
+                     seen: frozenset[str] = frozenset()) -> bool:
+    """Whether ``expr`` (in ``fn``) has the same value in every worker: built from constants, the function's
+    other parameters (bound by ``partial``, or defaults), names of the enclosing scopes (``args.seed``, a rank)
+    and local variables built the same way, through arithmetic and ``int()``-like builtins; not from the
+    worker id parameter, ``*args``, or any other call (``torch.initial_seed()``, ``get_worker_info()``)."""
+    args = getattr(fn, "args", None)
+    star = {a.arg for a in (getattr(args, "vararg", None), getattr(args, "kwarg", None)) if a is not None}
+    for n in ast.walk(expr):
+        if isinstance(n, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.NamedExpr,
+                          ast.Await, ast.Yield, ast.YieldFrom)):
+            return False
+        if isinstance(n, ast.Call):
+            func = n.func
+            if isinstance(func, ast.Name) and func.id in _SAME_VALUE_CALLS and not ctx.lookup(func.id, n):
+                continue
+            if isinstance(func, ast.Attribute) and func.attr == "get" and not n.keywords:
+                continue  # cfg.get("seed", 0)
+            return False
+        if not isinstance(n, ast.Name) or not isinstance(n.ctx, ast.Load):
+            continue
+        if n.id == worker or n.id in star:
+            return False
+        if n.id in seen:
+            continue
+        for b in ctx.bindings.get((fn, n.id), ()):
+            if b.kind == "param":
+                continue
+            if b.kind not in ("assign", "augassign") or b.unpacked or b.value is None:
+                return False
+            if not _same_in_workers(ctx, fn, worker, b.value, seen | {n.id}):
+                return False
+    return True
+
+
+def _runs_in_every_worker(ctx: Context, fn: ast.AST, worker: str | None, node: ast.AST) -> bool:
+    """Whether nothing that may differ per worker decides if ``node`` runs (``if worker_id == 0:``)."""
+    for up in ctx.ancestors(node):
+        if up is fn:
+            return True
+        if isinstance(up, (ast.If, ast.IfExp, ast.While)) and not _same_in_workers(ctx, fn, worker, up.test):
+            return False
+        if isinstance(up, (ast.For, ast.AsyncFor)):
+            return False
+    return True
