@@ -24,6 +24,7 @@ from trainwise.checkpoint.manager import CheckpointManager, latest_in
 from trainwise.checkpoint.resume import LoopCounters, RunState, resume
 from trainwise.checkpoint.training import finish_checkpoint_writes, save_training_checkpoint
 from trainwise.checkpoint.weights import save_weights
+from trainwise.compiled import CompileWatch
 from trainwise.config import TrainerConfig
 from trainwise.data.loaders import StreamCheck, evaluation_loader, training_loader, window_steps
 from trainwise.data.samplers import padding_for
@@ -83,6 +84,7 @@ class Fit:
     manager: CheckpointManager | None = None  # rank 0's checkpoints
     callbacks: CallbackList | None = None
     guard_hooks: Guard | None = None
+    compiled: CompileWatch | None = None  # with compile=True: the graphs torch.compile compiles, for the end record
     interrupt: StepBoundaryInterrupt = dataclasses.field(default_factory=lambda: StepBoundaryInterrupt(enabled=False))
     started: float = 0.0
     latest: dict[str, float] = dataclasses.field(default_factory=dict)  # the newest values read from the device
@@ -175,6 +177,9 @@ class Fit:
                 record.update(status=status, callback=getattr(exc, "trainwise_callback", "a callback"))
         if error is not None:
             record["error"] = f"{type(error).__name__}: {error}"[:500]
+        graphs = self.compiled.new_graphs() if self.compiled is not None else None
+        if graphs is not None:  # versions of the forward compiled in this run; TW115 says when they are too many
+            record["compiled_graphs"] = graphs
         final = status != "failed" and not self.strategy.sharded  # FSDP's weights are sharded over processes
         self.folder.finish(status, record, artifacts=artifacts,
                            final_weights=functools.partial(save_weights, self.state.model) if final else None)
@@ -279,7 +284,8 @@ class _Builder:
         fit = Fit(options=cfg, state=state, strategy=strategy, lock=self.lock, folder=folder, eval_model=eval_model,
                   val_loader=val_loader, precision=precision, started=started, stream=StreamCheck(train_loader),
                   guard=NonFiniteLossGuard(device, model=model if cfg.nonfinite == "stop" else None),
-                  config={**cfg.to_dict(), FACTS_KEY: facts})  # built once: every checkpoint records it
+                  config={**cfg.to_dict(), FACTS_KEY: facts},  # built once: every checkpoint records it
+                  compiled=CompileWatch([forward_model, eval_model]) if cfg.compile else None)
         self._keep(fit)
         for note in notes:  # the device line is printed only: config.json records the device and precision
             if not note.pop("shown", False):

@@ -76,7 +76,10 @@ class TrainStep:
         ends = self.accumulator.ends_window(last=last)
         self.micro_batch(batch, last=ends)
         if ends:
-            self.finish()
+            if self.window_loss is None:
+                self.accumulator.step()  # finish() without its nonfinite="skip" bookkeeping: one frame less a step
+            else:
+                self.finish()
         return ends
 
     def micro_batch(self, batch: Any, *, last: bool) -> None:
@@ -93,7 +96,8 @@ class TrainStep:
                 accumulator.backward(micro.loss, count=micro.count, reduction=micro.reduction)
         loss = None if micro.loss is None else micro.loss.detach()  # detached once for the metric and the guard
         (self.window_loss or self.metrics.mean("loss")).update_loss(loss, micro.count, micro.reduction)
-        self._count_accuracy(micro)
+        if self.counts_accuracy is not False:  # decided on the first batch; off: no call a step
+            self._count_accuracy(micro)
         if self.loss_guard is not None and loss is not None:
             self.loss_guard.observe(loss, accumulator.optimizer_steps + 1)
 

@@ -92,3 +92,17 @@ def test_a_closed_guard_keeps_no_wrapper_alive():
     gc.collect()
     assert gone() is None
     assert guard.model is model and guard.optimizer is optimizer
+
+
+def test_a_finding_points_to_the_doctors_page_exactly_when_the_doctor_explains_its_code():
+    """Every guard code has a `trainwise doctor --explain` page but those in NOT_EXPLAINED (TW114, TW115: runtime
+    guards whose doctor rules do not exist yet), whose findings point to their lab only. When the doctor gains a
+    rule for one, take it out of NOT_EXPLAINED."""
+    from trainwise.doctor.rules import rule_for
+    from trainwise.guards.core import NOT_EXPLAINED, GuardFinding
+    from trainwise.guards.registry import all_check_classes
+
+    for code in [cls.code for cls in all_check_classes()]:
+        text = str(GuardFinding(code=code, step=1, where="x", message="m"))
+        assert (rule_for(code) is None) == (code in NOT_EXPLAINED), code
+        assert ("--explain" in text) == (code not in NOT_EXPLAINED), text

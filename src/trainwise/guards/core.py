@@ -22,6 +22,9 @@ from trainwise.guards.registry import check_classes
 from trainwise.wrappers import is_compiled_module, model_layers, optimizer_layers
 
 Action = Literal["warn", "raise", "record"]
+# Guard codes the doctor has no rule for yet, so no `trainwise doctor --explain` page: their findings point to the
+# lab only (tests/guards/test_guard_core.py fails once the doctor explains one, to take it out of this set).
+NOT_EXPLAINED = frozenset({"TW114", "TW115"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,8 +42,10 @@ class GuardFinding:
 
         place = f" ({self.where})" if self.where else ""
         lab = lab_for_code(self.code)
-        see = f"trainwise doctor --explain {self.code}" + (f"; measured: trainwise lab {lab.name}" if lab else "")
-        return f"{self.code} at step {self.step}{place}: {self.message} ({see})"
+        see = [] if self.code in NOT_EXPLAINED else [f"trainwise doctor --explain {self.code}"]
+        see += [f"measured: trainwise lab {lab.name}"] if lab else []
+        pointer = f" ({'; '.join(see)})" if see else ""
+        return f"{self.code} at step {self.step}{place}: {self.message}{pointer}"
 
 
 class GuardWarning(UserWarning):

@@ -135,4 +135,4 @@ def plot(result: LabResult, folder: Path) -> Path:
 
 
 LAB = Lab(name="recompiles", fundamental=2, title="torch.compile: recompiles per batch size vs a dynamic dimension",
-          codes=(), measure=measure, plot=plot)
+          codes=("TW115",), measure=measure, plot=plot)

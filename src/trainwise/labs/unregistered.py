@@ -43,6 +43,7 @@ def measure() -> LabResult:
     with torch.no_grad():
         figures["loss before training"] = float(nn.functional.mse_loss(reference(inputs), targets))
     changes = {}
+    unregistered: dict[str, list[str]] = {}  # the places the TW114 guard named
     for label, registered in (("Python list", False), ("nn.ModuleList", True)):
         model = build(registered)
         figures[f"{label}: parameters in model.parameters() and the optimizer"] = sum(
@@ -50,7 +51,7 @@ def measure() -> LabResult:
         figures[f"{label}: state_dict keys"] = len(model.state_dict())
         start = [b.weight.detach().clone() for b in model.blocks]
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-        with guard(model, optimizer, action="record", checks=["TW107"]) as watch:
+        with guard(model, optimizer, action="record", checks=["TW107", "TW114"]) as watch:
             for _ in range(STEPS):
                 optimizer.zero_grad(set_to_none=True)
                 nn.functional.mse_loss(model(inputs), targets).backward()
@@ -60,7 +61,9 @@ def measure() -> LabResult:
         with torch.no_grad():
             figures[f"{label}: loss after {STEPS} steps"] = float(
                 nn.functional.mse_loss(model(inputs), targets))
-        figures[f"{label}: TW107 guard findings"] = len(watch.findings)
+        figures[f"{label}: TW107 guard findings"] = sum(f.code == "TW107" for f in watch.findings)
+        unregistered[label] = [f.where for f in watch.findings if f.code == "TW114"]
+        figures[f"{label}: TW114 guard findings"] = len(unregistered[label])
         # a checkpoint round trip: a fresh model of the same class, loaded from this one's state_dict
         torch.manual_seed(1)
         restored = Net(registered)
@@ -79,17 +82,20 @@ def measure() -> LabResult:
     findings = figures["Python list: TW107 guard findings"]
     why = (": it compares the optimizer with the parameters the model registers, and these never were"
            if findings == 0 else "")
+    named = unregistered["Python list"]
     reading = (
         f"With its blocks in a Python list the model shows the optimizer {seen_list} of the {used} parameters its "
         f"forward uses ({seen_module_list} with nn.ModuleList), so {STEPS} Adam steps changed the blocks' weights "
         f"by at most {changes['Python list']:.1e} (vs {changes['nn.ModuleList']:.3f}); its state_dict omits them "
         f"too, and a reloaded copy's outputs differ by {round_list:.3f} (vs {round_module_list:.1e}). The TW107 "
-        f"guard found {findings} problem(s){why}."
+        f"guard found {findings} problem(s){why}; the TW114 guard, which walks the modules' attributes when it "
+        f"starts, found {len(named)} ({', '.join(f'model.{w}' for w in named) or 'none'})."
     )
     shown = (seen_list < seen_module_list == used and changes["Python list"] == 0.0
-             and changes["nn.ModuleList"] > 1e-3 and round_list > 1e-3 and round_module_list == 0.0)
+             and changes["nn.ModuleList"] > 1e-3 and round_list > 1e-3 and round_module_list == 0.0
+             and unregistered == {"Python list": ["blocks"], "nn.ModuleList": []})
     return LabResult(figures=figures, reading=reading, shown=shown)
 
 
 LAB = Lab(name="unregistered", fundamental=3, title="layers in a Python list vs nn.ModuleList",
-          codes=(), measure=measure)  # TW107 compares the optimizer with the registered parameters only
+          codes=("TW114",), measure=measure)  # TW107 compares the optimizer with the registered parameters only
