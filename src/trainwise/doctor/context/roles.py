@@ -25,6 +25,11 @@ _MODULE_METHODS = frozenset(
     {"parameters", "named_parameters", "modules", "named_modules", "children", "named_children", "buffers"}
 )
 
+# Methods that, on a name the file also calls like a function (``predictor(x)``), prove a module whatever its
+# class: a model built by ``getattr(models, arch)()``, ``build_model(cfg)`` or a registry ``MODELS[name](...)``.
+# ``.to()`` is left out (a diffusers pipeline is called and moved, and runs its own no-grad), as is ``.fit()``.
+_CALLED_MODULE_METHODS = frozenset({"train", "eval", "state_dict", "load_state_dict", "cuda", "requires_grad_"})
+
 _MODULE_RETURNING = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval"})
 
 _SUBMODULE_ATTR = re.compile(
@@ -167,8 +172,8 @@ class Roles:
         if key is not None:
             if any(key in self.method_receivers.get(m, ()) for m in _MODULE_METHODS):
                 return True
-            if key in self.called and any(key in self.method_receivers.get(m, ()) for m in ("train", "eval")):
-                return True
+            if key in self.called and any(key in self.method_receivers.get(m, ()) for m in _CALLED_MODULE_METHODS):
+                return True  # a model of unknown class, called and used as a module
         if self.qualname(node) is not None:
             return False  # an imported name (torch.Generator, nn.Linear) is a function or class, not a model
         name = node.id if isinstance(node, ast.Name) else node.attr

@@ -50,6 +50,12 @@ class EvaluationInTrainMode(Rule):
     - a loop that trains (calls `backward()`) and runs such an evaluation, which calls `.eval()`, but never
       calls `model.train()` again: from the second epoch on, training runs in eval mode.
 
+    The model may be of a class the file cannot name (`getattr(models, opt.arch)()`, `build_model(cfg)`, a
+    registry `MODELS[name](...)`): it counts as a module when the file calls it like one (`model(x)`) and
+    uses it as one (`.parameters()`, `.train()`/`.eval()`, `.state_dict()`/`.load_state_dict()`, `.cuda()`,
+    `.requires_grad_()`); a registry function, a tokenizer, a scikit-learn estimator or a pipeline moved
+    with `.to()` (which runs its own no-grad) is not.
+
     ## Why is this bad?
     Dropout and BatchNorm behave differently in the two modes. Evaluating in train mode drops activations at
     random and normalises with the batch's statistics (and updates the running statistics with validation

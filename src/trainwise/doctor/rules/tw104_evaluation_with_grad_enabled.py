@@ -40,6 +40,12 @@ class EvaluationWithGradEnabled(Rule):
     another context manager, or in a decorated function), or whose result reaches a `backward()`, silences
     the rule; otherwise the finding names the calls.
 
+    The model may be of a class the file cannot name (`getattr(models, opt.arch)()`, `build_model(cfg)`, a
+    registry `MODELS[name](...)`): it counts as a module when the file calls it like one (`model(x)`) and
+    uses it as one (`.parameters()`, `.train()`/`.eval()`, `.state_dict()`/`.load_state_dict()`, `.cuda()`,
+    `.requires_grad_()`); a registry function, a tokenizer, a scikit-learn estimator or a pipeline moved
+    with `.to()` (which runs its own no-grad) is not.
+
     ## Why is this bad?
     With autograd on, every forward pass records its graph and keeps the activations alive for a backward
     pass that never comes: evaluation uses several times the memory it needs (often the cause of an

@@ -28,6 +28,24 @@ from trainwise.doctor.rule import Rule
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _NORM_HELPER = re.compile(r"bn|batch_?norm|norm|freeze|frozen", re.IGNORECASE)
 _MAX_SITES = 32  # call sites followed from a function to its callers, at most
+_LIGHTNING_MODULES = frozenset({
+    "lightning.LightningModule", "lightning.pytorch.LightningModule", "lightning.pytorch.core.LightningModule",
+    "lightning.pytorch.core.module.LightningModule", "pytorch_lightning.LightningModule",
+    "pytorch_lightning.core.LightningModule", "pytorch_lightning.core.module.LightningModule",
+})
+_LIGHTNING_TRAINERS = frozenset({
+    "lightning.Trainer", "lightning.pytorch.Trainer", "lightning.pytorch.trainer.Trainer",
+    "lightning.pytorch.trainer.trainer.Trainer", "pytorch_lightning.Trainer", "pytorch_lightning.trainer.Trainer",
+    "pytorch_lightning.trainer.trainer.Trainer",
+})
+# Hugging Face trainers: their training_step calls model.train() at every step (transformers, trl).
+_HF_TRAINER = re.compile(r"(?:transformers|trl)(?:\.\w+)*\.(?:\w*Seq2Seq|SFT|DPO|Reward|PPO|GRPO|KTO|ORPO|CPO)?Trainer")
+# Lightning hooks that run once before training: a freeze there holds for the whole fit.
+_BEFORE_TRAINING = frozenset({"__init__", "setup", "configure_model", "configure_sharded_model", "on_fit_start",
+                              "on_train_start", "configure_optimizers"})
+# Names that say the norm statistics keep training on purpose (``train_bn``, ``update_norm_stats``).
+_DELIBERATE = re.compile(r"(?:train|update|adapt|tune)_?(?:bn|norms?|batch_?norms?|running)\w*|"
+                         r"(?:bn|norms?)_?(?:train|update|adapt|momentum)\w*", re.IGNORECASE)
 
 
 class FrozenBatchnormInTrainMode(Rule):
@@ -41,6 +59,14 @@ class FrozenBatchnormInTrainMode(Rule):
     `fit_one_epoch(model_train, ...)` in `train.py` calling `model_train.train()` in `utils/utils_fit.py`
     (and training there, or called once per epoch) is reported at the call, naming the `.train()` line and
     the line that freezes.
+
+    A framework's own `train()` counts too. A `LightningModule` with a `training_step` that freezes part of
+    itself before training (in `__init__`, `setup`, `configure_optimizers`, or a method they call) is trained
+    in train mode (a module starts in it, and Lightning before 2.2 calls `.train()` after every validation):
+    reported at the freeze, naming `training_step`. A model frozen outside and handed to Lightning
+    (`trainer.fit(model)`) or to the Hugging Face `Trainer` (`Trainer(model=model).train()`, whose
+    `training_step` calls `model.train()` at every step, so an `.eval()` before `trainer.train()` does not
+    hold) is reported at the call, naming the freeze. An `accelerate` loop calls `model.train()` itself.
 
     A part counts as frozen after `part.requires_grad_(False)` (any submodule: `model.backbone`,
     `net.base`, `self.encoder` in `__init__`), `for p in part.parameters(): p.requires_grad = False`, the
@@ -72,7 +98,12 @@ class FrozenBatchnormInTrainMode(Rule):
     when, after the `.train()`, the loop or function calls `.eval()` on the frozen part or on its
     `.modules()`, `model.apply(...)`, or a helper that does. A `.train()` run once with no training after it
     is not reported, nor a helper of another file that switches to train mode for one forward and back to eval
-    (Monte Carlo dropout) without training.
+    (Monte Carlo dropout) without training. With a framework, the rule stays silent when the LightningModule (or
+    a base class of it in the run) calls `.eval()` on the frozen part in any method (`on_train_epoch_start`;
+    in `__init__` it holds since Lightning 2.2, which keeps the modes of submodules) or Lightning's `freeze()`,
+    overrides `train()`, names a deliberate choice (`train_bn`, `train_norm_stats`, `track_running_stats`),
+    has a base class from outside the run (its hooks are unknown), has no `training_step`, or freezes under a
+    condition; and for a Hugging Face trainer subclass with its own `training_step` or `compute_loss`.
 
     ## Example
     ```python
@@ -135,6 +166,8 @@ class FrozenBatchnormInTrainMode(Rule):
         """``model.train()`` in a loop, before a training loop, or in a function called from a loop; a call
         of a function of another file that puts the model it is given in train mode."""
         func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in ("fit", "train") and self._through_framework(node):
+            return
         if not (isinstance(func, ast.Attribute) and func.attr == "train"):
             self._through_other_file(node)
             return
@@ -211,6 +244,149 @@ class FrozenBatchnormInTrainMode(Rule):
                              program.place(self.ctx, freeze, f"`{part}` is frozen here")),
                 )
                 return
+
+    # ------------------------------------------------------------------------ a framework's implicit train()
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        """A LightningModule with ``training_step`` that freezes part of itself before training (``__init__``,
+        ``setup``, ``configure_optimizers``, or a method they call): Lightning trains it in train mode (a module
+        starts in train mode; Lightning before 2.2 also calls ``.train()`` after every validation), so the frozen
+        BatchNorm layers update their statistics unless some method puts the part in eval."""
+        if not self._freezes_something() or self._overrides_train():
+            return
+        chain = lightning_chain(self.ctx, node)
+        if chain is None:
+            return
+        methods = [(c, f) for c, cls in chain for f in cls.body if isinstance(f, _FUNCS)]
+        steps = [(c, f) for c, f in methods if f.name == "training_step"]
+        if not steps or any(f.name == "train" for _c, f in methods) or _deliberate(chain):
+            return
+        for module, stmt, frozen in self._all_freezes():
+            if (not frozen or not module.startswith("self.") or self.ctx.enclosing_class(stmt) is not node
+                    or not self._before_training(node, stmt) or self._unfrozen(module, "self")):
+                continue
+            if not self.ctx.analysis(Norms).has_bn(module, stmt, self._unfrozen_below(module, "self")):
+                continue
+            if any(_puts_in_eval(c, f, module, 0) for c, f in methods):
+                continue
+            program = self.ctx.program
+            step_ctx, step = steps[0]
+            related = () if program is None else (
+                program.place(step_ctx, step, f"Lightning runs `training_step` with `{node.name}` in train mode"),)
+            self.report(
+                stmt,
+                f"`{module}` is frozen, but Lightning trains `{node.name}` in train mode and nothing puts `{module}` "
+                f"in eval: its BatchNorm layers keep updating their running statistics; call `{module}.eval()` in "
+                f"`on_train_epoch_start`, or freeze with trainwise.freeze",
+                related=related,
+            )
+
+    def _before_training(self, cls: ast.ClassDef, stmt: ast.AST) -> bool:
+        """Whether a freeze runs, unconditionally, in a hook that runs before training, or in a method of the
+        class that such a hook calls unconditionally (``self._freeze_backbone()`` in ``__init__``)."""
+        fn = self.ctx.scope(stmt)
+        if not isinstance(fn, _FUNCS) or not _unconditional(self.ctx, stmt, fn):
+            return False
+        if fn.name in _BEFORE_TRAINING:
+            return True
+        if self.ctx.parent(fn) is not cls:
+            return False
+        for call in self.ctx.calls_named(fn.name):
+            hook = self.ctx.scope(call)
+            if (isinstance(call.func, ast.Attribute) and dotted(call.func.value) == "self"
+                    and isinstance(hook, _FUNCS) and hook.name in _BEFORE_TRAINING
+                    and self.ctx.parent(hook) is cls and _unconditional(self.ctx, call, hook)):
+                return True
+        return False
+
+    def _through_framework(self, call: ast.Call) -> bool:
+        """``trainer.fit(model)`` of Lightning, ``Trainer(model=model).train()`` of Hugging Face: the framework
+        calls ``model.train()`` (Hugging Face at every step), after a freeze of a part of ``model`` that holds
+        BatchNorm. Returns whether the call is such a framework call."""
+        func = call.func
+        trainer = func.value  # type: ignore[attr-defined]
+        ctor = trainer if isinstance(trainer, ast.Call) else (
+            self.ctx.value_of(trainer, call) if isinstance(trainer, ast.Name) else None)
+        if not isinstance(ctor, ast.Call):
+            return False
+        kind = self._trainer_kind(ctor, call)
+        if kind == "lightning" and func.attr == "fit":  # type: ignore[attr-defined]
+            model = call.args[0] if call.args else getattr(keyword(call, "model"), "value", None)
+        elif kind == "hf" and func.attr == "train":  # type: ignore[attr-defined]
+            model = ctor.args[0] if ctor.args else getattr(keyword(ctor, "model"), "value", None)
+        else:
+            return False
+        receiver = dotted(model) if model is not None else None
+        if (receiver is None or not self.ctx.uses_torch() or self._overrides_train()
+                or not self._freezes_something()):
+            return True
+        scope = self.ctx.scope(call)
+        for path, at, _in_loop in self._origins(receiver, call):
+            for part in self._frozen_parts(path, at):
+                freeze = self._frozen_at[part]
+                if kind == "lightning" and lightning_chain(self.ctx, self.ctx.enclosing_class(freeze)) is not None:
+                    continue  # frozen inside a LightningModule: reported at the freeze (visit_ClassDef)
+                local = receiver + part[len(path):] if _under(part, path) else part
+                if not self.ctx.analysis(Norms).has_bn(part, at, self._unfrozen_below(part, path)):
+                    continue
+                if self._class_keeps_eval(path, at, part[len(path) + 1:] if _under(part, path) else None):
+                    continue
+                if kind == "lightning":
+                    kept = (_puts_in_eval(self.ctx, scope, local, 0, outer=receiver)
+                            or _kept_in_eval(self.ctx, scope, call, receiver, local))
+                    what = f"`{dotted(func) or 'Trainer(...).fit'}({receiver})` trains `{receiver}` in train mode"
+                else:
+                    kept = _kept_in_eval(self.ctx, scope, call, receiver, local)
+                    what = f"the Hugging Face trainer calls `{receiver}.train()` at every training step"
+                if kept:
+                    continue
+                self.report(
+                    call,
+                    f"{what}, which puts the frozen `{local}` (line {freeze.lineno}) back in train mode: its "  # type: ignore[attr-defined]
+                    f"BatchNorm layers keep updating their running statistics; override `train()` in the model "
+                    f"to keep the frozen part in eval, or freeze with trainwise.freeze",
+                    related=() if self.ctx.program is None else (
+                        self.ctx.program.place(self.ctx, freeze, f"`{local}` is frozen here"),),
+                )
+                return True
+        return True
+
+    def _trainer_kind(self, ctor: ast.Call, at: ast.AST) -> str | None:
+        """``"lightning"`` for a Lightning ``Trainer(...)``, ``"hf"`` for a Hugging Face trainer (or a class of
+        the file deriving from one without its own ``training_step``), else None."""
+        q = self.ctx.qualname(ctor.func) or ""
+        if q in _LIGHTNING_TRAINERS:
+            return "lightning"
+        if _HF_TRAINER.fullmatch(q):
+            return "hf"
+        if isinstance(ctor.func, ast.Name):
+            cls = self.ctx.class_named(ctor.func.id, at)
+            if (cls is not None and any(_HF_TRAINER.fullmatch(self.ctx.qualname(b) or "") for b in cls.bases)
+                    and not any(isinstance(f, _FUNCS) and f.name in ("training_step", "compute_loss")
+                                for f in cls.body)):
+                return "hf"
+        return None
+
+    def _class_keeps_eval(self, receiver: str, at: ast.AST, part: str | None) -> bool:
+        """Whether the class of ``receiver`` (of this file or another of the run) overrides ``train()``, puts
+        the frozen part in eval in one of its methods, or keeps its norm statistics training on purpose."""
+        if "." in receiver:
+            return False
+        value = self.ctx.value_of(ast.Name(id=receiver, ctx=ast.Load()), at)
+        if not isinstance(value, ast.Call):
+            return False
+        found: tuple[Context, ast.ClassDef] | None = None
+        if isinstance(value.func, ast.Name) and (local := self.ctx.class_named(value.func.id, at)) is not None:
+            found = (self.ctx, local)
+        elif self.ctx.program is not None:
+            found = self.ctx.program.class_of(self.ctx, value.func)
+        if found is None:
+            return False
+        ctx, cls = found
+        chain = lightning_chain(ctx, cls) or [(ctx, cls)]
+        methods = [(c, f) for c, k in chain for f in k.body if isinstance(f, _FUNCS)]
+        if any(f.name == "train" for _c, f in methods) or _deliberate(chain):
+            return True
+        return part is not None and any(_puts_in_eval(c, f, "self." + part, 0) for c, f in methods)
 
     # ----------------------------------------------------------------------------- where the model comes from
     def _origins(self, path: str, at: ast.AST, depth: int = 0) -> list[tuple[str, ast.AST, bool]]:
@@ -481,6 +657,104 @@ class FrozenBatchnormInTrainMode(Rule):
             if cls is not None and cls.name in self.ctx.module_classes:
                 return True
         return False
+
+
+def lightning_chain(ctx: Context, cls: ast.ClassDef | None,
+                    depth: int = 0) -> list[tuple[Context, ast.ClassDef]] | None:
+    """``cls`` and its ancestors up to the one deriving from ``LightningModule`` (of this file or another of
+    the run), each with its file's context; None when ``cls`` is no LightningModule or a base is unknown (a
+    class from outside the run may have hooks of its own)."""
+    if cls is None or depth > 4:
+        return None
+    found: list[tuple[Context, ast.ClassDef]] | None = None
+    for base in cls.bases:
+        q = ctx.qualname(base)
+        if q in _LIGHTNING_MODULES:
+            found = found or [(ctx, cls)]
+            continue
+        local = ctx.class_named(base.id, cls) if isinstance(base, ast.Name) else None
+        other = (ctx, local) if local is not None else (
+            ctx.program.class_of(ctx, base) if ctx.program is not None else None)
+        sub = lightning_chain(other[0], other[1], depth + 1) if other is not None else None
+        if sub is None:
+            if q is not None and q.split(".", 1)[0] in ("abc", "typing"):
+                continue
+            return None
+        found = [(ctx, cls), *sub]
+    return found
+
+
+def _deliberate(chain: list[tuple[Context, ast.ClassDef]]) -> bool:
+    """Whether the classes name a choice to keep the norm statistics training (``train_bn``,
+    ``update_norm_stats``), or set ``track_running_stats``/``momentum`` on their layers."""
+    for _ctx, cls in chain:
+        for n in ast.walk(cls):
+            word = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else (
+                n.arg if isinstance(n, ast.arg) else None)
+            if word is not None and (_DELIBERATE.fullmatch(word) or word == "track_running_stats"):
+                return True
+    return False
+
+
+def _unconditional(ctx: Context, stmt: ast.AST, fn: ast.AST) -> bool:
+    """Whether ``stmt`` runs every time ``fn`` does: no ``if``, ``while`` or ``try`` around it, but the tests
+    of a loop over parameters on their names (already judged by the freeze, ``if "fc" not in name``)."""
+    loop_names: set[str] = set()
+    chain = []
+    for parent in ctx.ancestors(stmt):
+        if parent is fn:
+            break
+        chain.append(parent)
+    for parent in reversed(chain):
+        if isinstance(parent, (ast.For, ast.AsyncFor)):
+            loop_names |= {n.id for n in ast.walk(parent.target) if isinstance(n, ast.Name)}
+        elif isinstance(parent, (ast.If, ast.IfExp)):
+            if not any(isinstance(n, ast.Name) and n.id in loop_names for n in ast.walk(parent.test)):
+                return False
+        elif isinstance(parent, (ast.While, ast.Try, ast.ExceptHandler, ast.Match)):
+            return False
+    return True
+
+
+def _puts_in_eval(ctx: Context, fn: ast.AST, part: str, depth: int, outer: str | None = None) -> bool:
+    """Whether ``fn`` (a method, or a script's scope) puts ``part`` in eval: ``.eval()`` or ``.train(False)``
+    (or ``.train(flag)``) of the part, of a module inside it or around it (``self`` included, not ``outer``),
+    or of a ``.modules()`` loop variable; ``.apply(...)``; Lightning's ``freeze()`` (which ends in ``.eval()``);
+    a method of the class that does, or an unknown helper named for norms or freezing."""
+    for call in ctx.calls_within(fn):
+        if isinstance(fn, ast.Module) and not isinstance(ctx.scope(call), ast.Module):
+            continue  # a script: its own statements, not its classes' methods
+        func = call.func
+        if method_call(call, "eval") or (method_call(call, "train") and call.args and not _sets_train(call)):
+            target = dotted(func.value)  # type: ignore[attr-defined]
+            if target is None or (target != outer and (_under(part, target) or _under(target, part))):
+                return True
+            if isinstance(func.value, ast.Name) and any(  # type: ignore[attr-defined]
+                    b.kind == "for" for b in ctx.bindings_of(func.value)):  # type: ignore[attr-defined]
+                return True
+            continue
+        if method_call(call, "apply"):
+            return True
+        if method_call(call, "freeze") and not call.args:
+            target = dotted(func.value)  # type: ignore[attr-defined]
+            if target is not None and (_under(part, target) or _under(target, part)):
+                return True
+        name = last_name(func)
+        if name is None or not _NORM_HELPER.search(name) or not isinstance(ctx.parent(call), ast.Expr):
+            continue  # a helper's result used (``vgg19_bn(...)``, ``nn.BatchNorm2d(...)``): no switch of modes
+        if isinstance(func, ast.Attribute) and dotted(func.value) == "self":
+            cls = ctx.enclosing_class(fn) if not isinstance(fn, ast.ClassDef) else fn
+            own = [f for f in (cls.body if cls is not None else []) if isinstance(f, _FUNCS) and f.name == name]
+            if own:
+                if depth < 2 and any(_puts_in_eval(ctx, f, part, depth + 1, outer) for f in own):
+                    return True
+                continue
+        elif isinstance(func, ast.Name) and ctx.functions_named(name):
+            if depth < 2 and any(_puts_in_eval(ctx, f, part, depth + 1, outer) for f in ctx.functions_named(name)):
+                return True
+            continue
+        return True  # a helper of unknown body, named for norms or freezing: stay silent
+    return False
 
 
 def _kept_in_eval(ctx: Context, region: ast.AST, train: ast.Call, receiver: str, part: str) -> bool:
