@@ -112,8 +112,11 @@ def _exports() -> dict[str, str]:
     if _names is None:
         import ast
 
-        with open(__file__, encoding="utf-8") as handle:
-            tree = ast.parse(handle.read())
+        source = __loader__.get_source(__name__)  # also from a zip; None where only bytecode ships
+        if source is None:
+            raise ImportError("trainwise's top-level names are read from the source of trainwise/__init__.py, "
+                              "which this installation lacks; install trainwise with its .py files.")
+        tree = ast.parse(source)
         block = next(node for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", "") ==
                      "TYPE_CHECKING")
         _names = {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
