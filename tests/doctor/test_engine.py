@@ -48,6 +48,27 @@ def test_select_and_ignore_by_code_and_prefix():
     assert codes(check_source(BUGGY, config=Config(select=("ALL",)))) == [(2, "TW301"), (3, "TW302")]
 
 
+BF16_SCALED = """import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = criterion(model(x), y)
+    scaler.scale(loss).backward()
+"""
+
+
+def test_performance_rules_run_only_when_selected(tmp_path):
+    """4xx codes are off by default: `--select` (or `select` in pyproject) must name them, by code, by prefix or ALL;
+    a selection of other codes leaves them off."""
+    assert codes(check_source(BF16_SCALED)) == []
+    assert codes(check_source(BF16_SCALED, config=Config(select=("TW1",)))) == []
+    for select in ("TW401", "TW4", "ALL"):
+        assert codes(check_source(BF16_SCALED, config=Config(select=(select,)))) == [(6, "TW401")]
+    assert codes(check_source(BF16_SCALED, config=Config(select=("TW4",), ignore=("TW401",)))) == []
+    (tmp_path / "pyproject.toml").write_text('[tool.trainwise.doctor]\nselect = ["TW1", "TW4"]\n', encoding="utf-8")
+    assert codes(check_source(BF16_SCALED, config=load_config(tmp_path))) == [(6, "TW401")]
+
+
 def test_parse_codes_rejects_unknown():
     assert parse_codes(["TW1,tw301", " TW3 "], option="--select") == ("TW1", "TW301", "TW3")
     with pytest.raises(TrainwiseError, match="matches no rule"):

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from trainwise.doctor.engine import check_file, check_paths, check_source
+from trainwise.doctor.engine import Config, check_file, check_paths, check_source
 from trainwise.doctor.rules import all_rules, rule_for
 
 from ._fixtures import FIXTURES, RELATED, expected_lines, fixture_files, fixture_id, fixture_projects
+
+# Every rule runs on the fixtures, the 4xx ones that are off by default too (each fixture checks its own code).
+EVERY_RULE = Config(select=("ALL",))
 
 PY_FIXTURES = fixture_files("TW*/*.py")
 NOTEBOOKS = fixture_files("TW*/*.ipynb")
@@ -36,7 +39,7 @@ def test_python_fixture(path: Path):
         assert code not in expected, "a silent_ fixture must not expect its own rule"
     else:
         assert expected.get(code), "a fires_ fixture must mark at least one line with # expect: " + code
-    findings = check_source(source, str(path))
+    findings = check_source(source, str(path), config=EVERY_RULE)
     assert not [f for f in findings if f.code == "TW900"], findings
     for checked in {code, *expected}:
         got = sorted(f.line for f in findings if f.code == checked)
@@ -63,7 +66,7 @@ def test_project_fixture(folder: Path):
         assert code not in expected, "a silent_ fixture must not expect its own rule"
     else:
         assert expected.get(code), "a fires_ fixture must mark at least one line with # expect: " + code
-    findings = [f for result in check_paths([str(folder)]) for f in result.findings]
+    findings = [f for result in check_paths([str(folder)], EVERY_RULE) for f in result.findings]
     assert not [f for f in findings if f.code == "TW900"], findings
 
     def rel(path: str) -> str:
@@ -86,7 +89,7 @@ def test_notebook_fixture(path: Path):
         text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         for line in expected_lines(text).get(code, ()):
             expected.add((number, line))
-    result = check_file(str(path))
+    result = check_file(str(path), EVERY_RULE)
     got = {(f.cell, f.line) for f in result.findings if f.code == code}
     assert got == expected
     assert not [f for f in result.findings if f.code == "TW900"]
@@ -101,14 +104,14 @@ def test_fixed_output(path: Path):
 
     code = path.parent.name
     source = path.read_text(encoding="utf-8")
-    findings = [f for f in check_source(source, str(path)) if f.code == code]
+    findings = [f for f in check_source(source, str(path), config=EVERY_RULE) if f.code == code]
     fixes = [f.fix for f in findings if f.fix is not None]
     assert fixes, "a fixture with a .fixed.py must have fixable findings"
     fixed, applied = apply_fixes(source, fixes)
     assert applied == len(fixes)
     assert fixed == path.with_name(path.stem + ".fixed.py").read_text(encoding="utf-8")
     # after the fix, the rule is silent on the lines it fixed
-    remaining = [f for f in check_source(fixed, str(path)) if f.code == code]
+    remaining = [f for f in check_source(fixed, str(path), config=EVERY_RULE) if f.code == code]
     assert all(f.fix is None for f in remaining), remaining
 
 

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from trainwise.doctor.docs import SECTIONS, TABLE_BEGIN, TABLE_END, code_blocks, main, stale, write
-from trainwise.doctor.engine import check_source
+from trainwise.doctor.engine import Config, check_source
 from trainwise.doctor.rule import FixAvailability
 from trainwise.doctor.rules import all_rules
+
+EVERY_RULE = Config(select=("ALL",))  # the 4xx rules, off by default, are checked too
 
 RULES = [r for r in all_rules() if r.code != "TW900"]
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "rules"
@@ -40,17 +42,19 @@ def test_example_fires_and_use_instead_is_silent(rule):
     use_instead = code_blocks(rule, "Use instead")
     assert use_instead
     if rule.runtime_only:  # found by trainwise.guard while the run goes (tests/guards), never statically
-        assert not [f for f in check_source(example) if f.code == rule.code]
+        assert not [f for f in check_source(example, config=EVERY_RULE) if f.code == rule.code]
         return
-    assert [f.code for f in check_source(example) if f.code == rule.code], f"{rule.code} Example does not fire"
+    found = [f.code for f in check_source(example, config=EVERY_RULE) if f.code == rule.code]
+    assert found, f"{rule.code} Example does not fire"
     for block in use_instead:
-        assert not [f for f in check_source(block) if f.code == rule.code], f"{rule.code} Use instead fires"
+        fired = [f for f in check_source(block, config=EVERY_RULE) if f.code == rule.code]
+        assert not fired, f"{rule.code} Use instead fires"
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.code)
 def test_fixable_example_fix_matches_declaration(rule):
     (example,) = code_blocks(rule, "Example")
-    findings = [f for f in check_source(example) if f.code == rule.code]
+    findings = [f for f in check_source(example, config=EVERY_RULE) if f.code == rule.code]
     has_fix = any(f.fix is not None for f in findings)
     assert has_fix == (rule.fix_availability is not FixAvailability.NONE)
     for f in findings:
@@ -67,7 +71,8 @@ def test_doctor_page_lists_every_rule():
     text = DOCTOR_PAGE.read_text(encoding="utf-8")
     table = text[text.index(TABLE_BEGIN) : text.index(TABLE_END)]
     for rule in all_rules():
-        assert f"| [{rule.code}](rules/{rule.code}.md) | {rule.name} | {rule.summary()} |" in table, rule.code
+        finds = rule.summary() + ("" if rule.default_enabled else " Off by default (`--select` it).")
+        assert f"| [{rule.code}](rules/{rule.code}.md) | {rule.name} | {finds} |" in table, rule.code
 
 
 def _docs_copy(tmp_path: Path) -> tuple[Path, Path]:

@@ -95,8 +95,8 @@ def test_a_closed_guard_keeps_no_wrapper_alive():
 
 
 def test_a_finding_points_to_the_doctors_page_exactly_when_the_doctor_explains_its_code():
-    """Every guard code has a `trainwise doctor --explain` page but those in NOT_EXPLAINED (TW114, TW115: runtime
-    guards whose doctor rules do not exist yet), whose findings point to their lab only. When the doctor gains a
+    """Every guard code has a `trainwise doctor --explain` page but those in NOT_EXPLAINED (TW115: a runtime
+    guard whose doctor rule does not exist yet), whose findings point to their lab only. When the doctor gains a
     rule for one, take it out of NOT_EXPLAINED."""
     from trainwise.doctor.rules import rule_for
     from trainwise.guards.core import NOT_EXPLAINED, GuardFinding

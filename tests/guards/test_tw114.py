@@ -63,7 +63,7 @@ def test_layers_in_a_plain_list_are_one_finding_naming_each_path_at_install() ->
     text = str(guard.findings[0])
     assert "`model.blocks[0]`, `model.blocks[1]` and `model.blocks[2]` (Linear) are held in a plain list" in text
     assert "the optimizer never updates them" in text and "use an nn.ModuleList instead" in text
-    assert "--explain" not in text and "trainwise lab unregistered" in text  # no doctor page for TW114 yet
+    assert "trainwise doctor --explain TW114" in text and "trainwise lab unregistered" in text
 
 
 def test_a_dict_a_nested_container_and_a_submodule_are_named_by_their_paths() -> None:

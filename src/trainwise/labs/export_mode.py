@@ -77,4 +77,4 @@ def measure() -> LabResult:
 
 
 LAB = Lab(name="export-mode", fundamental=11, title="export in train mode vs trainwise.export (eval, verified)",
-          codes=(), measure=measure)
+          codes=("TW117",), measure=measure)

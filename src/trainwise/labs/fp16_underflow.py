@@ -135,4 +135,4 @@ def plot(result: LabResult, folder: Path) -> Path:
 
 
 LAB = Lab(name="fp16-underflow", fundamental=12, title="float16 gradients without a scaler vs with one vs bfloat16",
-          codes=("TW109",), measure=measure, plot=plot)
+          codes=("TW109", "TW401"), measure=measure, plot=plot)
