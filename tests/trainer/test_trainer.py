@@ -1,7 +1,6 @@
 """The Trainer end to end on real tensors: reproducibility, no graph leaks, precision, bad input, stops."""
 
 import gc
-import io
 import json
 import warnings
 import weakref
@@ -289,23 +288,22 @@ def test_deterministic_fit_restores_the_global_switches(tmp_path):
 def test_the_bar_shows_the_running_loss_from_the_first_steps(tmp_path, monkeypatch):
     """Before the first log interval the bar gets this process's running values at steps 1, 2, 4, 8... of
     each epoch (a few reads an epoch); plain lines and other ranks read nothing extra."""
-    import trainwise.run
     from trainwise.progress import BarProgress
 
-    shown = []
+    shown, advanced = [], [0]
+    advance, show = BarProgress.advance, BarProgress.show
 
-    class RecordingBar(BarProgress):
-        advanced = 0
+    def recording_advance(self, steps=1):
+        advanced[0] += steps
+        advance(self, steps)
 
-        def advance(self, steps=1):
-            RecordingBar.advanced += steps
-            super().advance(steps)
+    def recording_show(self, values):
+        shown.append((advanced[0], dict(values)))
+        show(self, values)
 
-        def show(self, values):
-            shown.append((RecordingBar.advanced, dict(values)))
-
-    monkeypatch.setattr(trainwise.run, "make_progress", lambda mode, stream=None: RecordingBar(io.StringIO()))
-    result = _trainer(tmp_path, epochs=2, batch_size=4, log_every=10).fit(nn.Linear(8, 4), _data())
+    monkeypatch.setattr(BarProgress, "advance", recording_advance)
+    monkeypatch.setattr(BarProgress, "show", recording_show)
+    result = _trainer(tmp_path, epochs=2, batch_size=4, log_every=10, progress="bar").fit(nn.Linear(8, 4), _data())
     assert result.steps == 32  # 16 windows an epoch
     # windows 1, 2, 4, 8 of each epoch, and the log interval every 10 (window 20 is both)
     assert [steps for steps, _ in shown] == [0, 1, 3, 7, 9, 16, 17, 19, 19, 23, 29]
