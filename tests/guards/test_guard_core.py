@@ -155,3 +155,29 @@ def test_forwards_must_be_submodules_of_the_model():
         tw.Guard(holder, forwards=[nn.Linear(2, 2)])
     with pytest.raises(tw.TrainwiseError, match="forwards must be submodules"):
         tw.Guard(holder, forwards=[holder])
+
+
+def test_forwards_with_a_compiled_model_add_no_graph_break():
+    from torch._dynamo.utils import counters
+
+    holder = _Holder()
+    compiled = torch.compile(holder, backend="eager")
+    optimizer = torch.optim.SGD(holder.parameters(), lr=0.1)
+    torch._dynamo.reset()
+    counters.clear()
+    kept = []
+    with tw.Guard(compiled, optimizer, action="record", forwards=[holder.net]) as guard:
+        for _ in range(4):
+            for call in (compiled, holder.net):  # the compiled model, and its submodule directly
+                out = call(torch.randn(3, 4))
+                out.sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if call is compiled:
+                    kept.append(out)  # TW102, through the compiled model
+        with torch.no_grad():
+            holder.net(torch.randn(3, 4))  # TW103, through the submodule
+    breaks = sum(counters["graph_break"].values())
+    torch._dynamo.reset()
+    assert breaks == 0 and guard._depth == 0
+    assert [(f.code, f.where) for f in guard.findings] == [("TW102", "(the model)"), ("TW103", "net.1")]

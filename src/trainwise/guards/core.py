@@ -274,19 +274,26 @@ class Guard:
 
     def _hook_direct_calls(self, pre: Callable[..., None] | None, post: Callable[..., Any] | None) -> None:
         """Hooks, until ``close``, on each of ``forwards``: a call made outside the model's forward (and outside
-        another of them) runs the checks as the model's would; the model's own forwards are counted to tell."""
+        another of them) runs the checks as the model's would; the model's own forwards are counted to tell. Inside
+        a compiled region they do nothing (the compiled entry's own hooks ran outside it)."""
         def enter(module: torch.nn.Module, args: Any) -> None:
-            self._depth += 1
+            if not torch.compiler.is_compiling():
+                self._depth += 1
 
         def leave(module: torch.nn.Module, args: Any, output: Any) -> None:
-            self._depth -= 1
+            if not torch.compiler.is_compiling():
+                self._depth -= 1
 
         def direct_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if torch.compiler.is_compiling():
+                return
             self._depth += 1
             if self._depth == 1 and pre is not None:
                 pre(module, args, kwargs)
 
         def direct_post(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+            if torch.compiler.is_compiling():
+                return None
             self._depth -= 1
             return post(module, args, kwargs, output) if not self._depth and post is not None else None
 
