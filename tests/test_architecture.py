@@ -206,6 +206,7 @@ LAYERS = (
     {"trainer"},
     {"run"},
     {"policies", "strategy"},
+    {"integrations"},
     {"guards"},
     set(),  # every other module: the primitives
     {"files"},

@@ -106,3 +106,78 @@ def test_a_finding_points_to_the_doctors_page_exactly_when_the_doctor_explains_i
         text = str(GuardFinding(code=code, step=1, where="x", message="m"))
         assert (rule_for(code) is None) == (code in NOT_EXPLAINED), code
         assert ("--explain" in text) == (code not in NOT_EXPLAINED), text
+
+
+class _Holder(nn.Module):
+    """What a LightningModule is: a module holding the network in ``self.net``, whose forward calls it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.3), nn.Linear(8, 2))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["model-only", "forwards"])
+def test_a_submodule_in_forwards_is_checked_when_called_directly(given):
+    holder = _Holder()
+    with tw.guard(holder, action="record") if not given else tw.Guard(
+            holder, action="record", forwards=[holder.net]) as guard, torch.no_grad():
+        holder.net(torch.randn(3, 4))  # an evaluation in train mode, through the submodule
+    assert [(f.code, f.where) for f in guard.findings] == ([("TW103", "net.1")] if given else [])
+    assert not holder.net._forward_pre_hooks and not holder.net._forward_hooks and not holder._forward_hooks
+
+
+def test_a_call_of_a_forwards_module_inside_the_model_is_checked_once(monkeypatch):
+    from trainwise.guards.tw109_float16_without_scaler import Float16WithoutScaler
+
+    calls = []
+    original = Float16WithoutScaler.before_forward
+    monkeypatch.setattr(Float16WithoutScaler, "before_forward",
+                        lambda self, *args: (calls.append(1), original(self, *args))[1])
+    holder = _Holder()
+    with tw.Guard(holder, action="record", forwards=[holder.net, holder.net[0]]):
+        holder(torch.randn(3, 4))  # the model's forward, calling net, calling net[0]
+        assert len(calls) == 1
+        holder.net(torch.randn(3, 4))  # net directly, calling net[0]
+        assert len(calls) == 2
+        with pytest.raises(RuntimeError):
+            holder.net(torch.randn(3, 5))  # a forward that fails leaves the count right
+        holder.net[0](torch.randn(3, 4))
+        assert len(calls) == 4
+
+
+def test_forwards_must_be_submodules_of_the_model():
+    holder = _Holder()
+    with pytest.raises(tw.TrainwiseError, match="forwards must be submodules of the guarded model; a Linear"):
+        tw.Guard(holder, forwards=[nn.Linear(2, 2)])
+    with pytest.raises(tw.TrainwiseError, match="forwards must be submodules"):
+        tw.Guard(holder, forwards=[holder])
+
+
+def test_forwards_with_a_compiled_model_add_no_graph_break():
+    from torch._dynamo.utils import counters
+
+    holder = _Holder()
+    compiled = torch.compile(holder, backend="eager")
+    optimizer = torch.optim.SGD(holder.parameters(), lr=0.1)
+    torch._dynamo.reset()
+    counters.clear()
+    kept = []
+    with tw.Guard(compiled, optimizer, action="record", forwards=[holder.net]) as guard:
+        for _ in range(4):
+            for call in (compiled, holder.net):  # the compiled model, and its submodule directly
+                out = call(torch.randn(3, 4))
+                out.sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if call is compiled:
+                    kept.append(out)  # TW102, through the compiled model
+        with torch.no_grad():
+            holder.net(torch.randn(3, 4))  # TW103, through the submodule
+    breaks = sum(counters["graph_break"].values())
+    torch._dynamo.reset()
+    assert breaks == 0 and guard._depth == 0
+    assert [(f.code, f.where) for f in guard.findings] == [("TW102", "(the model)"), ("TW103", "net.1")]

@@ -116,3 +116,29 @@ def test_doctor_explains_tw113(capsys):
     out = capsys.readouterr().out
     assert out.startswith("# TW113 nonfinite-gradient")
     assert "trainwise.guard" in out and "## Use instead" in out
+
+
+@pytest.mark.parametrize("last", [False, True], ids=["first-step", "last-step"])
+def test_a_step_given_a_closure_is_judged_on_the_gradients_its_closure_made(last):
+    """``step(closure)`` (LBFGS, Lightning's automatic optimization) runs backward inside the step: the gradients
+    it applies are read after it, so the step is named right, and a NaN on the last step is not missed."""
+    model = Gained(unused=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = _batches(4)
+    with trainwise.guard(model, optimizer, action="record") as guard:
+        for step, (x, y) in enumerate(batches, start=1):
+            if step == (len(batches) if last else 1):
+                with torch.no_grad():
+                    model.gain.value.zero_()
+
+            def closure(x=x, y=y):
+                optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+
+            optimizer.step(closure)
+            if step == 1 and not last:
+                break  # the NaN gradient was applied at step 1 only
+    assert [(f.code, f.step, f.where) for f in guard.findings] == [
+        ("TW113", len(batches) if last else 1, "gain.value")]

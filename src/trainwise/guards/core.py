@@ -87,7 +87,9 @@ class Guard:
     (``guard.optimizer``). A ``torch.compile`` module's forward is hooked outside the compiled region, so the
     checks add no graph break; the module inside is hooked too, for calls that bypass the compiled one.
     ``other_wrappers`` are more wrappers of the same module whose forwards are checked as well (the Trainer's
-    separately compiled evaluation model).
+    separately compiled evaluation model). ``forwards`` are submodules of ``model`` whose forward, called from
+    outside the model's own, is checked as the model's: a LightningModule whose ``training_step`` calls
+    ``self.model(x)`` rather than ``self(x)`` (a call nested in another checked forward is not checked again).
     """
 
     def __init__(
@@ -101,6 +103,7 @@ class Guard:
         on_finding: Callable[[GuardFinding], None] | None = None,
         forward_every: int = 1,
         other_wrappers: Sequence[torch.nn.Module] = (),
+        forwards: Sequence[torch.nn.Module] = (),
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TrainwiseError(f"guard() watches a torch.nn.Module, got {type(model).__name__}.")
@@ -118,6 +121,13 @@ class Guard:
         self.model_layers = model_layers(model)  # as given, then each module it wraps: the last is the user's
         self.model = self.model_layers[-1]
         self._entries = self._compiled_entries([model, *other_wrappers])
+        inside = {id(m) for m in self.model.modules()}
+        stray = next((m for m in forwards if id(m) not in inside or m is self.model), None)
+        if stray is not None:
+            raise TrainwiseError(f"forwards must be submodules of the guarded model; a {type(stray).__name__} "
+                                 f"is not one.")
+        self._forwards = list(forwards)
+        self._depth = 0  # checked forwards running (the model's or one of forwards'), with forwards given
         self.optimizer = self.optimizer_layers[-1] if optimizer is not None else None
         self.action = action
         self.check_every = check_every
@@ -214,6 +224,8 @@ class Guard:
             self._forward_hooks.append((post, False))
         if self._entries and self._forward_hooks:
             self._hook_inside_compiled(pre if before_forward else None, post if after_forward else None)
+        if self._forwards and self._forward_hooks:
+            self._hook_direct_calls(pre if before_forward else None, post if after_forward else None)
         self._set_forward_hooks(True)  # step 0 is always watched
         if self.optimizer is not None:
             def step_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -224,7 +236,8 @@ class Guard:
 
             def step_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
                 self.step += 1
-                self._in_entry = 0  # no forward runs between steps (one interrupted by Ctrl-C left it counted)
+                # no forward runs between steps (one interrupted by Ctrl-C left it counted)
+                self._in_entry = self._depth = 0
                 for call in after_step:
                     call(optimizer)
                 if self.forward_every > 1 and not self._watching:
@@ -258,6 +271,38 @@ class Guard:
         for entry in self._entries:  # count the entries' forwards running, also those that raise
             self._handles.append(entry.register_forward_pre_hook(self._enter_entry))
             self._handles.append(entry.register_forward_hook(self._leave_entry, always_call=True))
+
+    def _hook_direct_calls(self, pre: Callable[..., None] | None, post: Callable[..., Any] | None) -> None:
+        """Hooks, until ``close``, on each of ``forwards``: a call made outside the model's forward (and outside
+        another of them) runs the checks as the model's would; the model's own forwards are counted to tell. Inside
+        a compiled region they do nothing (the compiled entry's own hooks ran outside it)."""
+        def enter(module: torch.nn.Module, args: Any) -> None:
+            if not torch.compiler.is_compiling():
+                self._depth += 1
+
+        def leave(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if not torch.compiler.is_compiling():
+                self._depth -= 1
+
+        def direct_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if torch.compiler.is_compiling():
+                return
+            self._depth += 1
+            if self._depth == 1 and pre is not None:
+                pre(module, args, kwargs)
+
+        def direct_post(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+            if torch.compiler.is_compiling():
+                return None
+            self._depth -= 1
+            return post(module, args, kwargs, output) if not self._depth and post is not None else None
+
+        for outer in [*self._entries, self.model]:
+            self._handles.append(outer.register_forward_pre_hook(enter))
+            self._handles.append(outer.register_forward_hook(leave, always_call=True))
+        for module in self._forwards:
+            self._handles.append(module.register_forward_pre_hook(direct_pre, with_kwargs=True))
+            self._handles.append(module.register_forward_hook(direct_post, with_kwargs=True, always_call=True))
 
     def _enter_entry(self, module: torch.nn.Module, args: Any) -> None:
         self._in_entry += 1

@@ -50,6 +50,14 @@ class NonFiniteGradient(Check):
         self._dtype = torch.float32 if all(p.dtype in low for p in self._params) else None
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self.guard.closure_step:  # otherwise the gradients this step applies do not exist yet
+            self._keep_norms(optimizer, self.guard.step + 1)
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.guard.closure_step:  # step(closure) (LBFGS, Lightning's automatic optimization) ran backward
+            self._keep_norms(optimizer, self.guard.step)
+
+    def _keep_norms(self, optimizer: torch.optim.Optimizer, step: int) -> None:
         if self._done or "found_inf" in vars(optimizer):  # a fused optimizer under GradScaler: it skips inf itself
             return
         if len(optimizer.param_groups) != self._groups:
@@ -60,7 +68,7 @@ class NonFiniteGradient(Check):
             return
         indices = None if len(kept) == len(grads) else [i for i, g in enumerate(grads) if g is not None]
         # the norms stay a list until on_check stacks the interval's at once (a stack per step costs as much)
-        self._pending.append((self.guard.step + 1, indices, torch._foreach_norm(kept, 2.0, dtype=self._dtype)))
+        self._pending.append((step, indices, torch._foreach_norm(kept, 2.0, dtype=self._dtype)))
 
     def on_check(self) -> None:
         pending, self._pending = self._pending, []
