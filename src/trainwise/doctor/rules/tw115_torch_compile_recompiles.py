@@ -37,10 +37,10 @@ class TorchCompileRecompiles(Rule):
     in the loop with `padding=True`.
 
     ## Why is this bad?
-    `torch.compile` wraps the model anew at each call: on torch 2.13, compiling a small model on every
-    iteration cost about 1.4 ms of host work per step where calling it compiled once cost 0.17 ms (dynamo
-    found its cache), and where what is compiled changes from call to call (a lambda or closure over a
-    value that changes, a new object each time), dynamo traces and compiles again each iteration. With
+    `torch.compile` wraps the model anew at each call: on torch 2.13 on a CPU, compiling a small MLP on
+    every iteration cost about ten times the compiled call (1.1 to 2 ms against 0.11 to 0.16 ms per step)
+    even though dynamo found its cache, and compiling a new lambda over a value that changes each step cost
+    50 to 65 ms per step (the script is in docs/doctor.md). With
     `dynamic=False` every new input shape is a full new compilation: the short last batch adds one graph,
     and batches padded to their own length add one per distinct length until
     `torch._dynamo.config.recompile_limit` (8), after which the calls that match no graph run eagerly,
