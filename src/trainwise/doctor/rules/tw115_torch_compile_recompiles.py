@@ -28,9 +28,10 @@ class TorchCompileRecompiles(Rule):
     """`torch.compile` run on every training iteration, or a `dynamic=False` model fed batches that change shape.
 
     ## What it does
-    Finds `torch.compile(...)` (of a model or a function) called inside a loop over data (a DataLoader,
-    batches, steps, epochs, a `while` loop), or inside a function that such a loop calls, or inside a
-    module's `forward` or a LightningModule's `training_step` (which run once per batch); and a model
+    Finds `torch.compile(...)` (of a model or a function) called inside a loop over batches (a DataLoader,
+    batches, steps, a `while` loop), or inside a function that such a loop calls, or inside a module's
+    `forward` or a LightningModule's `training_step` (which run once per batch); `model =
+    torch.compile(model)` inside a loop over epochs (it compiles the compiled model again); and a model
     compiled with `dynamic=False` that a loop calls on the batches of a DataLoader of the file whose shapes
     change: a loader without `drop_last=True` (its short last batch) or one whose `collate_fn` pads each
     batch to its own longest sequence (`pad_sequence`, `DataCollatorWithPadding`), or a tokenizer called
@@ -49,7 +50,8 @@ class TorchCompileRecompiles(Rule):
     compiled forward recompiles again and again.
 
     The rule stays silent on `torch.compile` at module level, before the loop, in a function called once,
-    under an `if` (a cache such as `if self._compiled is None:`) or in a cached function; on `dynamic=True`
+    under an `if` (a cache such as `if self._compiled is None:`) or in a cached function; on a compilation
+    of the same model once per epoch (a wrapper per epoch, dynamo's cache found); on `dynamic=True`
     and the default `dynamic=None` (dynamo makes a changing dimension dynamic after one recompile); on a
     loader with `drop_last=True`, a `batch_sampler`, or batches of one sample; on inputs marked with
     `torch._dynamo.mark_dynamic`; and on a compiled model it cannot tie to the loop that calls it.
@@ -101,6 +103,13 @@ class TorchCompileRecompiles(Rule):
             return
         what = _what(node)
         loop = self._data_loop_around(node)
+        if loop is not None and self._over_epochs(loop):
+            self.report(node, f"`{what} = torch.compile({what})` in the loop at line {loop.lineno} compiles the "
+                              f"compiled object again on every iteration: each round wraps the last wrapper and "
+                              f"traces it anew, and from the second on `{what}` is no longer an nn.Module (on torch "
+                              f"2.13 torch.compile of a compiled module returns a function); compile once before "
+                              f"the loop")
+            return
         if loop is not None:
             self.report(node, f"`torch.compile({what})` runs on every iteration of the loop at line {loop.lineno}: "
                               f"each call wraps and guards it anew, and compiles it again wherever what it "
@@ -109,9 +118,9 @@ class TorchCompileRecompiles(Rule):
             return
         step = self._per_iteration_function(node)
         if step is not None:
-            self.report(node, f"`torch.compile({what})` runs each time {step} is called, once per batch: compile "
-                              f"once (in __init__, before the loop, or behind `if self._compiled is None:`) and "
-                              f"call the compiled object per batch")
+            self.report(node, f"`torch.compile({what})` runs each time {step}: compile once (in __init__, before "
+                              f"the loop, or behind `if self._compiled is None:`) and call the compiled object "
+                              f"there")
             return
         dynamic = keyword(node, "dynamic")
         if dynamic is not None and is_const(dynamic.value, False) and not any(
@@ -119,19 +128,29 @@ class TorchCompileRecompiles(Rule):
             self._changing_shapes(node)
 
     # ------------------------------------------------------------------------------- compiled per iteration
-    def _data_loop_around(self, node: ast.AST) -> ast.AST | None:
-        """The innermost loop over data, in the same function, whose every iteration runs ``node``: none when
-        an ``if`` between them may skip it."""
-        child = node
+    def _data_loop_around(self, node: ast.Call) -> ast.AST | None:
+        """The innermost loop over batches, in the same function, whose every iteration runs ``node``: none when
+        an ``if`` between them may skip it. A loop over epochs counts only where the compilation rebinds what it
+        compiles (``model = torch.compile(model)``, which wraps the wrapper again each epoch); otherwise it
+        wraps once per epoch, which costs little."""
+        child: ast.AST = node
         for parent in self.ctx.ancestors(node):
             if isinstance(parent, (*_FUNCTIONS, ast.Lambda, ast.ClassDef)):
                 return None
             if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
                 return None
             if isinstance(parent, _LOOPS) and child in parent.body and self.ctx.iterates_over_data(parent):
-                return parent
+                return parent if not self._over_epochs(parent) or _rewraps(self.ctx, node) else None
             child = parent
         return None
+
+    def _over_epochs(self, loop: ast.AST) -> bool:
+        """A loop over epochs: its target is named for epochs, or it holds a loop over batches."""
+        if isinstance(loop, (ast.For, ast.AsyncFor)) and any(
+                isinstance(n, ast.Name) and "epoch" in n.id.lower() for n in ast.walk(loop.target)):
+            return True
+        return any(isinstance(n, _LOOPS) and n is not loop and self.ctx.iterates_over_data(n)
+                   for n in walk_own(loop.body))  # type: ignore[attr-defined]
 
     def _per_iteration_function(self, node: ast.Call) -> str | None:
         """The function holding ``node`` when it runs once per batch: called from a data loop of the file (or
@@ -150,12 +169,12 @@ class TorchCompileRecompiles(Rule):
         cls = self.ctx.enclosing_class(fn)
         if fn.name in _PER_BATCH_METHODS and cls is not None and self.ctx.scope(fn) is cls \
                 and cls.name in self.ctx.module_classes:
-            return f"`{cls.name}.{fn.name}`"
+            return f"`{cls.name}.{fn.name}` runs, once per batch"
         found = self._functions_per_iteration().get(id(fn))
         if found is None:
             return None
         loop, call = found
-        return f"`{fn.name}` (from line {call.lineno}, in the loop at line {loop.lineno})"
+        return f"`{fn.name}` is called, on every iteration of the loop at line {loop.lineno} (line {call.lineno})"
 
     def _functions_per_iteration(self) -> dict[int, tuple[ast.AST, ast.Call]]:
         """id of each same-file function that a loop over data calls (itself or through helpers), with that
@@ -165,7 +184,7 @@ class TorchCompileRecompiles(Rule):
             summaries = functions(self.ctx)
             for loop_type in _LOOPS:
                 for loop in self.ctx.nodes(loop_type):
-                    if not self.ctx.iterates_over_data(loop):
+                    if not self.ctx.iterates_over_data(loop) or self._over_epochs(loop):
                         continue
                     for statement in loop.body:  # type: ignore[attr-defined]
                         for reached in summaries.reached(statement, depth=2):
@@ -245,6 +264,13 @@ def _what(call: ast.Call) -> str:
         return "lambda ..."
     name = dotted(first) if first is not None else None
     return name or "..."
+
+
+def _rewraps(ctx: Context, call: ast.Call) -> bool:
+    """``model = torch.compile(model)``: the compiled object replaces what was compiled."""
+    assign = ctx.parent(call)
+    return isinstance(assign, ast.Assign) and bool(call.args) and dotted(call.args[0]) is not None and any(
+        dotted(t) == dotted(call.args[0]) for t in assign.targets)
 
 
 def _unwrap(expr: ast.AST) -> ast.AST | None:
