@@ -35,7 +35,8 @@ class NumpySharedMemory(Rule):
     Finds `t = torch.from_numpy(a)` (or `torch.as_tensor(a)` of a NumPy array, with no `dtype` or
     `device`) followed, in the same block, by an in-place write of `a` (`a += ...`, `a[i] = ...`,
     `a.sort()`, `a.fill(...)`, `np.copyto(a, ...)`, `np.random.shuffle(a)`, `out=a`) while `t` is used
-    after the write; `x = t.numpy()` followed by an in-place write of `x` while `t` is used after it; a
+    after the write, where the program reads `t` before the write or goes on using both `t` and `a`;
+    `x = t.numpy()` followed by an in-place write of `x` while `t` is used after it (the same way); a
     loop that keeps `torch.from_numpy(buffer)` (appends it to a list) and writes `buffer` in place on
     every iteration; and `.numpy()` called on a tensor that requires grad (a model's output, a loss, a
     parameter) or that is on CUDA (`.cuda()`, `.to("cuda")`).
@@ -51,7 +52,9 @@ class NumpySharedMemory(Rule):
 
     The rule stays silent on copies (`torch.tensor(a)`, `.clone()`, `.copy()`, `np.array(t)`, a chained
     `torch.from_numpy(a).float()`), on arrays never written after the tensor is made, on a tensor not used
-    after the write, on an array rebound rather than written (`a = a * 2`), on a buffer refilled whole
+    after the write, on a write meant to reach the tensor (only the tensor is used afterwards, and it was
+    not read before: `t = torch.from_numpy(onehot)` then `onehot[label] = 1`), on an array rebound rather
+    than written (`a = a * 2`), on a buffer refilled whole
     (`a[:] = ...`, `np.copyto(a, ...)`) whose tensor was not kept before, on a tensor made before a loop
     that refills its array inside it (a buffer shared on purpose), on `.detach().cpu().numpy()`, and on
     outputs computed under `torch.no_grad()`.
@@ -141,7 +144,7 @@ class NumpySharedMemory(Rule):
         loop = self.ctx.enclosing_loop(made)
         nodes = _own_nodes(scope)
         start = _end(made)
-        kept = False
+        kept = observed = False
         for node in nodes:
             if position(node) < start:
                 continue
@@ -149,6 +152,8 @@ class NumpySharedMemory(Rule):
                 return
             if _stores(node, used):
                 kept = True
+            if isinstance(node, ast.Name) and node.id == used and isinstance(node.ctx, ast.Load):
+                observed = True
             write = _inplace_write(node, written)
             if write is None:
                 continue
@@ -158,7 +163,10 @@ class NumpySharedMemory(Rule):
             if whole and not kept:
                 return  # refilled whole, its tensor not kept before: how a shared buffer is used on purpose
             use = _next_use(nodes, used, _end(node))
-            if use is None:
+            # The program expects the old contents: it read them before the write, or it goes on using both
+            # names as two values (a write meant to reach the other side, such as a one-hot set through the
+            # array, uses only that side afterwards).
+            if use is None or not (kept or observed or _next_use(nodes, written, _end(node)) is not None):
                 return
             other = (f" or write a new array (`{written} = {written} - m` rather than `{written} -= m`)"
                      if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) else "")
