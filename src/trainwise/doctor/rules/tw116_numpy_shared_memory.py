@@ -92,6 +92,10 @@ class NumpySharedMemory(Rule):
     name = "numpy-shared-memory"
     message = "a NumPy array and a tensor share memory and one is written in place while the other is used"
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._frozen: bool | None = None
+
     def visit_Assign(self, node: ast.Assign) -> None:
         """``t = torch.from_numpy(a)`` and ``x = t.numpy()``: a pair of names over one buffer."""
         if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name) or not isinstance(node.value, ast.Call):
@@ -278,6 +282,11 @@ class NumpySharedMemory(Rule):
 
     def _frozen_somewhere(self) -> bool:
         """Whether the file switches gradients off for some parameters (its models' outputs may not need grad)."""
+        if self._frozen is None:
+            self._frozen = self._switches_grad_off()
+        return self._frozen
+
+    def _switches_grad_off(self) -> bool:
         for call in self.ctx.nodes(ast.Call):
             if method_call(call, "requires_grad_") and call.args and is_const(call.args[0], False):  # type: ignore[attr-defined]
                 return True
