@@ -6,13 +6,11 @@ from __future__ import annotations
 import ast
 import re
 
-from trainwise.doctor.context import dotted, is_const, keyword, last_name, method_call, position
+from trainwise.doctor.context import dotted, is_const, keyword, last_name, method_call, position, walk_own
 from trainwise.doctor.rule import Rule
 
 _FROM_NUMPY = frozenset({"torch.from_numpy"})
 _AS_TENSOR = frozenset({"torch.as_tensor", "torch.asarray"})
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
-_LOOPS = (ast.For, ast.AsyncFor, ast.While)
 # ndarray methods that change the array in place.
 _INPLACE_METHODS = frozenset({"sort", "fill", "put", "partition", "itemset"})
 # Functions (NumPy's, random's) that change their first argument in place.
@@ -299,16 +297,7 @@ class NumpySharedMemory(Rule):
 
 def _own_nodes(scope: ast.AST) -> list[ast.AST]:
     """The nodes of a scope (or a loop), nested functions and classes left out, in source order."""
-    out: list[ast.AST] = []
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, _SCOPES):
-            continue
-        out.append(node)
-        stack.extend(ast.iter_child_nodes(node))
-    out.sort(key=position)
-    return out
+    return sorted(walk_own(ast.iter_child_nodes(scope)), key=position)
 
 
 def _end(node: ast.AST) -> tuple[int, int]:
