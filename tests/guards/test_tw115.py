@@ -72,7 +72,7 @@ def test_shapes_that_change_every_step_are_reported_then_the_eager_fallback():
     assert "the size of dimension 0 of `x` changes (1, 2, 3, 4, 5, 6)" in many
     assert "compiled 8 graphs of _Net.forward, torch._dynamo.config.recompile_limit (8)" in limit
     assert "now runs eagerly" in limit and "dynamic=None" in limit
-    assert "--explain" not in limit and "trainwise lab recompiles" in limit  # no doctor page for TW115 yet
+    assert "trainwise doctor --explain TW115" in limit and "trainwise lab recompiles" in limit
 
 
 def test_with_a_long_check_interval_the_limit_is_the_one_finding_at_close():

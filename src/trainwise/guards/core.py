@@ -24,7 +24,7 @@ from trainwise.wrappers import is_compiled_module, model_layers, optimizer_layer
 Action = Literal["warn", "raise", "record"]
 # Guard codes the doctor has no rule for yet, so no `trainwise doctor --explain` page: their findings point to the
 # lab only (tests/guards/test_guard_core.py fails once the doctor explains one, to take it out of this set).
-NOT_EXPLAINED = frozenset({"TW115"})
+NOT_EXPLAINED: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,7 +54,7 @@ def measure() -> LabResult:
     batches = 8
     for _ in range(batches):
         buffer[:] = rng.standard_normal(buffer.shape)
-        kept["torch.from_numpy(buffer)"].append(torch.from_numpy(buffer))
+        kept["torch.from_numpy(buffer)"].append(torch.from_numpy(buffer))  # noqa: TW116 (the wrong way, on purpose)
         kept["torch.tensor(buffer)"].append(torch.tensor(buffer))
     for label, tensors in kept.items():
         distinct = len({tuple(t.flatten().tolist()) for t in tensors})
@@ -82,4 +82,4 @@ def measure() -> LabResult:
 
 
 LAB = Lab(name="from-numpy", fundamental=1, title="from_numpy and .numpy() share memory; torch.tensor copies",
-          codes=("TW112",), measure=measure)
+          codes=("TW116", "TW112"), measure=measure)

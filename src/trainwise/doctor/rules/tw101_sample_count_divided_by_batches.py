@@ -42,6 +42,8 @@ class SampleCountDividedByBatches(Rule):
     against a sum made inside that same loop: a counter in a per-sample inner loop counts samples, and
     one bumped only sometimes counts something the rule cannot know.
 
+    `trainwise lab accuracy` measures it: accuracy over batches vs over samples.
+
     ## Example
     ```python
     from torch.utils.data import DataLoader

@@ -51,6 +51,8 @@ class GraphKeptAcrossIterations(Rule):
     wanted. A list over data stays reported even without a training step: an evaluation run with autograd on
     keeps every batch's graph.
 
+    `trainwise lab kept-graph` measures it: a running total of loss tensors vs loss.item().
+
     ## Example
     ```python
     import torch.nn.functional as F

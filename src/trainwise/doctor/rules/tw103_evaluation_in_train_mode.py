@@ -78,6 +78,8 @@ class EvaluationInTrainMode(Rule):
     any file of the run) that puts the model in eval mode silences the rule; when none does, the finding names
     the calls.
 
+    `trainwise lab eval-mode` measures it: evaluation in train mode vs trainwise.evaluating.
+
     ## Example
     ```python
     import torch

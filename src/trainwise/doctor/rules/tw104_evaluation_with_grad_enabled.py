@@ -72,6 +72,8 @@ class EvaluationWithGradEnabled(Rule):
     sits after a `return`, and for methods of `nn.Module` and Lightning classes, `*_step` and `on_*` hooks,
     and `model.eval()` loops in test files (pytest, unittest).
 
+    `trainwise lab eval-mode` measures it: evaluation in train mode vs trainwise.evaluating.
+
     ## Example
     ```python
     import torch

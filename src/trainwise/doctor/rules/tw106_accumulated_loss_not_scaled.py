@@ -55,6 +55,8 @@ class AccumulatedLossNotScaled(Rule):
     else, a weight average); and, in a step function without a loop, for backward calls inside the
     function's own loops.
 
+    `trainwise lab accumulation` measures it: gradient accumulation: loss / k vs counted.
+
     ## Example
     ```python
     import torch.nn as nn

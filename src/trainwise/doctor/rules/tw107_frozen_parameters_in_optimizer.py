@@ -29,6 +29,8 @@ class FrozenParametersInOptimizer(Rule):
     perceptual-loss network next to a trained generator), over an already filtered list, and when the frozen
     parameters are unfrozen later (gradual unfreezing keeps them in the optimizer on purpose).
 
+    `trainwise lab frozen-norm` measures it: frozen BatchNorm: requires_grad_(False) vs freeze().
+
     ## Example
     ```python
     import torch

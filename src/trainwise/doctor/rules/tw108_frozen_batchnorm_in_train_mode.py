@@ -105,6 +105,8 @@ class FrozenBatchnormInTrainMode(Rule):
     has a base class from outside the run (its hooks are unknown), has no `training_step`, or freezes under a
     condition; and for a Hugging Face trainer subclass with its own `training_step` or `compute_loss`.
 
+    `trainwise lab frozen-norm` measures it: frozen BatchNorm: requires_grad_(False) vs freeze().
+
     ## Example
     ```python
     import torch

@@ -37,6 +37,8 @@ class Float16AutocastWithoutGradScaler(Rule):
     autocast defaults to bfloat16) or not known at all (a function argument, a setting), and when anything
     in the file looks like a scaler or a framework that scales for you (Accelerate, Fabric, DeepSpeed).
 
+    `trainwise lab fp16-underflow` measures it: float16 gradients without a scaler vs with one vs bfloat16.
+
     ## Example
     ```python
     import torch

@@ -22,6 +22,9 @@ class BatchOnAnotherDevice(Rule):
     pass: CPU scalars, CPU integer tensors of lengths (`pack_padded_sequence` wants those on the CPU), and
     tensors on any device that holds some of the model's parameters (a model split over devices).
 
+    Its fundamental's lab, `trainwise lab from-numpy`, measures the other half of tensors and NumPy: memory
+    shared by `from_numpy` and `.numpy()` (TW116), also after `move_to_device` to the CPU.
+
     ## Example
     ```python
     import torch

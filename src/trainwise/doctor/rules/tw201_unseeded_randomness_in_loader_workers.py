@@ -114,6 +114,8 @@ class UnseededRandomnessInLoaderWorkers(Rule):
     per worker (`get_worker_info()`). With `torch.manual_seed` and global random modules only, the run is
     already repeatable for a fixed `num_workers`, and the rule says nothing.
 
+    `trainwise lab seeded-workers` measures it: augmentation in loader workers: unseeded vs seeded_loader.
+
     ## Example
     ```python
     import numpy as np

@@ -36,6 +36,8 @@ class TorchLoadWithoutWeightsOnly(Rule):
     older torch the message names it. `weights_only=False` is reported whatever the version, and so is a
     call that passes a `pickle_module`: with one, torch 2.6 and later default to `weights_only=False` again.
 
+    `trainwise lab strict-false` measures it: wrapped checkpoints: strict=False vs load_weights.
+
     ## Example
     ```python
     import torch

@@ -75,6 +75,8 @@ class UncheckedNonStrictLoad(Rule):
     the paths differ or cannot be told equal, when the model loaded into is of unknown kind (a parameter,
     `build_model()`), and when a helper saves models that are wrapped on one call and bare on another.
 
+    `trainwise lab strict-false` measures it: wrapped checkpoints: strict=False vs load_weights.
+
     ## Example
     ```python
     import torch
