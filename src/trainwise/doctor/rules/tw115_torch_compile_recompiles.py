@@ -33,17 +33,16 @@ class TorchCompileRecompiles(Rule):
     `forward` or a LightningModule's `training_step` (which run once per batch); `model =
     torch.compile(model)` inside a loop over epochs (it compiles the compiled model again); and a model
     compiled with `dynamic=False` that a loop calls on the batches of a DataLoader of the file whose shapes
-    change: a loader without `drop_last=True` (its short last batch) or one whose `collate_fn` pads each
-    batch to its own longest sequence (`pad_sequence`, `DataCollatorWithPadding`), or a tokenizer called
-    in the loop with `padding=True`.
+    change every step: a loader whose `collate_fn` pads each batch to its own longest sequence
+    (`pad_sequence`, `DataCollatorWithPadding`), or a tokenizer called in the loop with `padding=True`.
 
     ## Why is this bad?
     `torch.compile` wraps the model anew at each call: on torch 2.13 on a CPU, compiling a small MLP on
     every iteration cost about ten times the compiled call (1.1 to 2 ms against 0.11 to 0.16 ms per step)
     even though dynamo found its cache, and compiling a new lambda over a value that changes each step cost
     50 to 65 ms per step (the script is in docs/doctor.md). With
-    `dynamic=False` every new input shape is a full new compilation: the short last batch adds one graph,
-    and batches padded to their own length add one per distinct length until
+    `dynamic=False` every new input shape is a full new compilation: batches padded to their own length add
+    one per distinct length until
     `torch._dynamo.config.recompile_limit` (8), after which the calls that match no graph run eagerly,
     uncompiled, with only a log warning. `trainwise lab recompiles` measures the recompilations, and the
     run-time guard (`trainwise.guard`, the Trainer with `compile=True`) reports the same code when a
@@ -53,8 +52,8 @@ class TorchCompileRecompiles(Rule):
     under an `if` (a cache such as `if self._compiled is None:`) or in a cached function; on a compilation
     of the same model once per epoch (a wrapper per epoch, dynamo's cache found); on `dynamic=True`
     and the default `dynamic=None` (dynamo makes a changing dimension dynamic after one recompile); on a
-    loader with `drop_last=True`, a `batch_sampler`, or batches of one sample; on inputs marked with
-    `torch._dynamo.mark_dynamic`; and on a compiled model it cannot tie to the loop that calls it.
+    loader whose only other shape is its short last batch (one more graph, once: not worth a finding); on
+    inputs marked with `torch._dynamo.mark_dynamic`; and on a compiled model it cannot tie to the loop that calls it.
 
     ## Example
     ```python
@@ -215,7 +214,7 @@ class TorchCompileRecompiles(Rule):
             if reason is not None:
                 self.report(node, f"`{name}` is compiled with dynamic=False and called (line {call.lineno}) on "
                                   f"{reason}; leave dynamic unset (dynamo then makes the changing dimension "
-                                  f"dynamic), or give the batches one shape (drop_last=True, padding to a fixed "
+                                  f"dynamic), or give the batches one shape (padding to a fixed "
                                   f"length)")
                 return
 
@@ -234,14 +233,6 @@ class TorchCompileRecompiles(Rule):
                     "tokenizer", "tokenize", "encode_plus", "batch_encode_plus", "__call__", "processor"):
                 return (f"batches tokenized with padding to their own longest sequence (line {sub.lineno}): "
                         f"{_PER_LENGTH}")
-        if info.one_sample_per_batch or keyword(loader, "batch_sampler") is not None \
-                or keyword(loader, "sampler") is not None or any(k.arg is None for k in loader.keywords):
-            return None
-        drop_last = keyword(loader, "drop_last")
-        if drop_last is None or is_const(drop_last.value, False):
-            return (f"the batches of `{text}`, whose short last batch (no drop_last=True) has another size unless "
-                    f"the dataset's length is a multiple of the batch size: one more full compilation for it, and "
-                    f"another for every other loader's last size")
         return None
 
     def _pads_per_batch(self, value: ast.AST, at: ast.AST) -> bool:
