@@ -232,7 +232,7 @@ class FileIndex:
                     q = self.qualname(base)
                     if q in known or (isinstance(base, ast.Name) and base.id in self.module_classes) or (
                         q is not None and q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper()
-                    ):
+                    ) or _transformers_model(q):
                         self.module_classes.add(cls.name)
                         changed = True
                         break
@@ -424,3 +424,12 @@ class FileIndex:
                 value = value.args[0]
             else:
                 return value
+
+
+def _transformers_model(qualname: str | None) -> bool:
+    """A Hugging Face PyTorch model class (``transformers.PreTrainedModel``, ``BertModel``,
+    ``BertForSequenceClassification``...): an ``nn.Module``; the TensorFlow and Flax ones are not."""
+    if qualname is None or not qualname.startswith("transformers."):
+        return False
+    name = qualname.rsplit(".", 1)[1]
+    return not name.startswith(("TF", "Flax")) and (name.endswith("Model") or "For" in name)
