@@ -27,6 +27,14 @@ _EVAL_LOADER = re.compile(
     re.IGNORECASE,
 )
 
+# Evaluation data that is not named as a loader (`val_data`, `valid_ds`, `test_set`, `val_batches`): an
+# evaluation region when its loop runs the model in a function that trains (the second half of `train()`).
+_EVAL_DATA = re.compile(
+    r"(?:\w*_)?(?:val|valid|validation|test|testing|dev)_?(?:data|dataset|ds|set|batches|samples|generator|gen)s?"
+    r"|(?:x|inputs?)_(?:val|valid|test)",
+    re.IGNORECASE,
+)
+
 _EVAL_FUNCTION = re.compile(
     r"_*(?:run_|do_|model_)?(?:evaluate|evaluation|eval|validate|validation|valid|val|test)"
     r"(?:_(?:epoch|loop|model|one_epoch|once|all|net|network|accuracy|loss|metrics))?"
@@ -122,7 +130,7 @@ class CallGraph:
                     name = last_name(call.func)
                     if name is None:
                         continue
-                    for fn in self.functions_named(name):
+                    for fn in self._callable_as(call, name):
                         if id(fn) not in seen and fn is not container:
                             seen[id(fn)] = fn
                             next_frontier.append(fn)
@@ -130,6 +138,16 @@ class CallGraph:
             if not frontier:
                 break
         return list(seen.values())
+
+    def _callable_as(self, call: ast.Call, name: str) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+        """The functions of the file a call may run by its name; ``model.train()`` / ``model.eval()`` on a
+        module runs only a ``train``/``eval`` that a module class of the file overrides, not a ``def train(...)``
+        training loop beside it."""
+        found = self.functions_named(name)
+        if name in ("train", "eval") and isinstance(call.func, ast.Attribute) and self.is_module(call.func.value):
+            found = [fn for fn in found if (cls := self.enclosing_class(fn)) is not None
+                     and cls.name in self.module_classes]
+        return found
 
     def reaches_call(self, container: ast.AST, predicate: Callable[[ast.Call], bool], depth: int = 3) -> bool:
         """Whether a call satisfying ``predicate`` happens in ``container`` or in a same-file helper it calls
@@ -163,7 +181,7 @@ class CallGraph:
                             seen.update(id(c) for c in calls)
             for tp in (ast.For, ast.AsyncFor, ast.comprehension):
                 for loop in self.nodes(tp):
-                    if self._is_evaluation_loader(loop.iter):  # type: ignore[attr-defined]
+                    if self._is_evaluation_loader(loop.iter) or self._evaluation_half(loop):  # type: ignore[arg-type]
                         if isinstance(loop, ast.comprehension):
                             loop = self.parent(loop)  # the comprehension expression
                         calls = [c for c in self._model_calls(loop) if id(c) not in seen]
@@ -232,6 +250,21 @@ class CallGraph:
                     and bool(_EVAL_WORD.fullmatch(key.value)) and self.loader(expr) is not None)
         name = last_name(expr)
         return name is not None and bool(_EVAL_LOADER.fullmatch(name)) and self.loader(expr) is not None
+
+    def _evaluation_half(self, loop: ast.For | ast.AsyncFor | ast.comprehension) -> bool:
+        """A loop over evaluation data not named as a loader (``for x, y in val_data``) that runs no training
+        call, in a function whose other loops train: the validation half of a ``train()`` function."""
+        expr = loop.iter
+        for _ in range(3):  # enumerate(val_data), tqdm(...), batches(val_data, batch_size)
+            if isinstance(expr, ast.Call) and expr.args:
+                expr = expr.args[0]
+        name = last_name(expr)
+        if name is None or not _EVAL_DATA.fullmatch(name) or isinstance(loop, ast.comprehension):
+            return False
+        fn = self.scope(loop)
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or self.reaches_call(loop, _trains):
+            return False
+        return any(other is not loop and self.reaches_call(other, _trains) for other in _loops_of(fn))
 
     def _model_calls(self, region: ast.AST) -> list[ast.Call]:
         """Forward calls ``model(x)`` in a region (nested functions excluded)."""

@@ -369,6 +369,32 @@ class FileIndex:
             return [b for b in before if b.kind != "augassign"][-1:] or [last]
         return [last]
 
+    def restores_mode(self, call: ast.Call) -> bool:
+        """Whether a ``.train(...)`` call puts back a mode saved before (``was_training = model.training``, then
+        ``model.train(was_training)`` or ``if was_training: model.train()``): it restores, it does not switch."""
+        if call.args or call.keywords:
+            mode = call.args[0] if call.args else call.keywords[0].value
+            return self._saved_mode(mode, call)
+        child: ast.AST = call
+        for parent in self.ancestors(call):
+            if isinstance(parent, _SCOPES):
+                return False
+            if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
+                in_body = child is parent.body or any(child is s for s in _as_list(parent.body))
+                return in_body and self._saved_mode(parent.test, call)
+            child = parent
+        return False
+
+    def _saved_mode(self, expr: ast.AST, at: ast.AST) -> bool:
+        """``model.training``, or a name bound to it (``was_training = model.training``)."""
+        if isinstance(expr, ast.Attribute):
+            return expr.attr == "training"
+        if isinstance(expr, ast.Name):
+            found = self.reaching(expr, at)
+            return bool(found) and all(b.kind == "assign" and isinstance(b.value, ast.Attribute)
+                                       and b.value.attr == "training" for b in found)
+        return False
+
     def constant(self, node: ast.AST, depth: int = 0) -> object:
         """The value of a literal, or of a name bound exactly once to a literal; ``...`` when unknown."""
         if isinstance(node, ast.Constant):
@@ -424,3 +450,7 @@ class FileIndex:
                 value = value.args[0]
             else:
                 return value
+
+
+def _as_list(body: object) -> list[ast.AST]:
+    return body if isinstance(body, list) else [body]  # type: ignore[list-item, return-value]

@@ -40,13 +40,15 @@ class EvaluationInTrainMode(Rule):
     ## What it does
     Finds two mistakes about a model's mode:
 
-    - an evaluation loop (a loop over a validation or test loader, or the loop of a function named like
-      `evaluate`, `validate` or `test` that runs the model) when neither that function, nor a function of
-      the same file it calls, nor a function that calls it puts the model in eval mode (`model.eval()` or
-      `model.train(False)`). An evaluation function without a loop counts too: one full-graph or
-      full-batch forward (`out = model(data.x, data.edge_index)` in a graph network's `test()`) in a function
-      named like `test` or `evaluate` that returns what it computes, reads like a metric (`acc`, `correct`,
-      `f1`, `.eq(...)`) and is called from a loop that trains (`for epoch ...: train(); test()`);
+    - an evaluation loop (a loop over a validation or test loader, a loop over validation data such as
+      `val_data` in a function whose other loops train (the validation half of a `train()` function), or
+      the loop of a function named like `evaluate`, `validate` or `test` that runs the model) when neither
+      that function, nor a function of the same file it calls, nor a function that calls it puts the model in
+      eval mode (`model.eval()` or `model.train(False)`). An evaluation function without a loop counts too:
+      one full-graph or full-batch forward (`out = model(data.x, data.edge_index)` in a graph network's
+      `test()`) in a function named like `test` or `evaluate` that returns what it computes, reads like a
+      metric (`acc`, `correct`, `f1`, `.eq(...)`) and is called from a loop that trains (`for epoch ...:
+      train(); test()`);
     - a loop that trains (calls `backward()`) and runs such an evaluation, which calls `.eval()`, but never
       calls `model.train()` again: from the second epoch on, training runs in eval mode.
 
@@ -262,12 +264,18 @@ def _mode_set_around(ctx: Context, region: ast.AST, predicate: Callable[[ast.Cal
             if reaches_call(ctx, fn, predicate):
                 return True
             if isinstance(fn, _FUNCTIONS):
-                next_frontier.extend(ctx.scope(site) for site in ctx.call_sites(fn))
+                next_frontier.extend(ctx.scope(site) for site in ctx.call_sites(fn) if not _mode_call(ctx, site))
                 outer = ctx.scope(fn)
                 if isinstance(outer, _FUNCTIONS):
                     next_frontier.append(outer)
         frontier = next_frontier
     return False
+
+
+def _mode_call(ctx: Context, site: ast.Call) -> bool:
+    """``model.train()`` / ``self.model.eval()`` on a module: not a call of a function of the file that is
+    named ``train`` (a ``Trainer.train`` method beside a model's mode switch)."""
+    return method_call(site, "train", "eval") and ctx.is_module(site.func.value)  # type: ignore[attr-defined]
 
 
 def _receiver_name(call: ast.Call) -> str | None:

@@ -25,7 +25,9 @@ class EvaluationWithGradEnabled(Rule):
     decorators, `set_grad_enabled(False)`). An evaluation loop is:
 
     - a loop over a validation or test loader (`for x, y in val_loader`, `dataloaders["val"]`), in a script,
-      a function or a method, also when the same script or function trains elsewhere;
+      a function or a method, also when the same script or function trains elsewhere; a loop over
+      validation data not named as a loader (`for x, y in batches(val_data)`) in a function whose other loops
+      train (the validation half of a `train()` function);
     - the loop of a function named like `evaluate`, `validate` or `test`, or, in such a function without a
       loop over the model, its single forward (a graph network's full-graph `out = model(data.x,
       data.edge_index)`, a full-batch model) when the function returns what it computes, reads like a metric
@@ -269,8 +271,8 @@ class EvaluationWithGradEnabled(Rule):
                 if not all(_may_enable(ctx, [ctx.scope(site)], site) for ctx, site in outside):
                     return False
                 self._outside[id(first)] = outside
-            elif not self._named(first.name) and not _sets_eval_mode(first):
-                return False
+            elif not self._named(first.name) and not _sets_eval_mode(first) and not functions(self.ctx).trains(first):
+                return False  # a function that trains has autograd on: its evaluation half is its own
         return _may_enable(self.ctx, [first])
 
 

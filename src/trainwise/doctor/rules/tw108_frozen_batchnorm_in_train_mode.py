@@ -58,7 +58,9 @@ class FrozenBatchnormInTrainMode(Rule):
     no `.eval()` of the frozen part after the `.train()`. The function may be in another file of the run:
     `fit_one_epoch(model_train, ...)` in `train.py` calling `model_train.train()` in `utils/utils_fit.py`
     (and training there, or called once per epoch) is reported at the call, naming the `.train()` line and
-    the line that freezes.
+    the line that freezes. A `.train()` that puts back a saved mode (`was_training = model.training`, then
+    `model.train(was_training)` or `if was_training: model.train()`) restores the caller's mode and is not
+    reported.
 
     A framework's own `train()` counts too. A `LightningModule` with a `training_step` that freezes part of
     itself before training (in `__init__`, `setup`, `configure_optimizers`, or a method they call) is trained
@@ -171,7 +173,7 @@ class FrozenBatchnormInTrainMode(Rule):
         if not (isinstance(func, ast.Attribute) and func.attr == "train"):
             self._through_other_file(node)
             return
-        if not _sets_train(node):
+        if not _sets_train(node) or self.ctx.restores_mode(node):
             return
         receiver = dotted(node.func.value)  # type: ignore[attr-defined]
         if receiver is None or not self.ctx.uses_torch() or self._overrides_train():
@@ -825,7 +827,7 @@ def _train_calls_on_parameters(ctx: Context, fn: ast.AST) -> list[tuple[ast.Call
     (``self`` left out): the modules it is given and puts in train mode."""
     out = []
     for node in walk_own(getattr(fn, "body", [])):
-        if isinstance(node, ast.Call) and _sets_train(node):
+        if isinstance(node, ast.Call) and _sets_train(node) and not ctx.restores_mode(node):
             name = dotted(node.func.value)  # type: ignore[attr-defined]
             root, dot, rest = (name or "").partition(".")
             if name is not None and root not in ("self", "cls") and is_param(fn, root):
