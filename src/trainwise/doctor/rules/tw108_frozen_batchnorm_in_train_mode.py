@@ -65,7 +65,8 @@ class FrozenBatchnormInTrainMode(Rule):
     A framework's own `train()` counts too. A `LightningModule` with a `training_step` that freezes part of
     itself before training (in `__init__`, `setup`, `configure_optimizers`, or a method they call) is trained
     in train mode (a module starts in it, and Lightning before 2.2 calls `.train()` after every validation):
-    reported at the freeze, naming `training_step`. A model frozen outside and handed to Lightning
+    reported at the freeze, naming `training_step`; a freeze under a configuration switch (`if
+    cfg.freeze_backbone:`, `if self.hparams.freeze:`) counts, and the message names the switch. A model frozen outside and handed to Lightning
     (`trainer.fit(model)`) or to the Hugging Face `Trainer` (`Trainer(model=model).train()`, whose
     `training_step` calls `model.train()` at every step, so an `.eval()` before `trainer.train()` does not
     hold) is reported at the call, naming the freeze. An `accelerate` loop calls `model.train()` itself.
@@ -274,11 +275,13 @@ class FrozenBatchnormInTrainMode(Rule):
             step_ctx, step = steps[0]
             related = () if program is None else (
                 program.place(step_ctx, step, f"Lightning runs `training_step` with `{node.name}` in train mode"),)
+            switch = _switch_around(self.ctx, stmt)
+            when = "" if switch is None else f" (with `{switch}` set)"
             self.report(
                 stmt,
-                f"`{module}` is frozen, but Lightning trains `{node.name}` in train mode and nothing puts `{module}` "
-                f"in eval: its BatchNorm layers keep updating their running statistics; call `{module}.eval()` in "
-                f"`on_train_epoch_start`, or freeze with trainwise.freeze",
+                f"`{module}` is frozen{when}, but Lightning trains `{node.name}` in train mode and nothing puts "
+                f"`{module}` in eval: its BatchNorm layers keep updating their running statistics; call "
+                f"`{module}.eval()` in `on_train_epoch_start`, or freeze with trainwise.freeze",
                 related=related,
             )
 
@@ -699,8 +702,10 @@ def _deliberate(chain: list[tuple[Context, ast.ClassDef]]) -> bool:
 
 
 def _unconditional(ctx: Context, stmt: ast.AST, fn: ast.AST) -> bool:
-    """Whether ``stmt`` runs every time ``fn`` does: no ``if``, ``while`` or ``try`` around it, but the tests
-    of a loop over parameters on their names (already judged by the freeze, ``if "fc" not in name``)."""
+    """Whether ``stmt`` runs every time ``fn`` does for some configuration: no ``if``, ``while`` or ``try``
+    around it, but the tests of a loop over parameters on their names (already judged by the freeze, ``if "fc"
+    not in name``) and configuration switches (``if cfg.freeze_backbone:``, ``if not self.hparams.finetune:``):
+    with the switch set, the freeze holds for the whole fit."""
     loop_names: set[str] = set()
     chain = []
     for parent in ctx.ancestors(stmt):
@@ -711,11 +716,44 @@ def _unconditional(ctx: Context, stmt: ast.AST, fn: ast.AST) -> bool:
         if isinstance(parent, (ast.For, ast.AsyncFor)):
             loop_names |= {n.id for n in ast.walk(parent.target) if isinstance(n, ast.Name)}
         elif isinstance(parent, (ast.If, ast.IfExp)):
-            if not any(isinstance(n, ast.Name) and n.id in loop_names for n in ast.walk(parent.test)):
+            if not any(isinstance(n, ast.Name) and n.id in loop_names for n in ast.walk(parent.test)) \
+                    and switch_of(parent.test) is None:
                 return False
         elif isinstance(parent, (ast.While, ast.Try, ast.ExceptHandler, ast.Match)):
             return False
     return True
+
+
+def _switch_around(ctx: Context, stmt: ast.AST) -> str | None:
+    """The configuration switch of an ``if`` around ``stmt`` in its function (not a test on a loop variable)."""
+    loops = {n.id for p in ctx.ancestors(stmt) if isinstance(p, (ast.For, ast.AsyncFor))
+             for n in ast.walk(p.target) if isinstance(n, ast.Name)}
+    for parent in ctx.ancestors(stmt):
+        if isinstance(parent, _FUNCS):
+            return None
+        switch = switch_of(parent.test) if isinstance(parent, ast.If) else None
+        if switch is not None and switch.split(".", 1)[0] not in loops:
+            return switch
+    return None
+
+
+def switch_of(test: ast.AST) -> str | None:
+    """The configuration switch an ``if`` tests (``cfg.freeze_backbone``, ``not self.hparams.finetune``,
+    ``args.mode == "linear"``): a name or attribute chain, negated or compared with constants; else None
+    (a call, a value computed at run time)."""
+    while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test = test.operand
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(
+            test.ops[0], (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot)):
+        other = test.comparators[0]
+        constant = isinstance(other, ast.Constant) or (
+            isinstance(other, (ast.Tuple, ast.List, ast.Set)) and all(isinstance(e, ast.Constant) for e in other.elts))
+        if not constant:
+            return None
+        test = test.left
+    if isinstance(test, ast.Subscript) and isinstance(test.slice, ast.Constant):  # cfg["freeze"]
+        test = test.value
+    return dotted(test)
 
 
 def _puts_in_eval(ctx: Context, fn: ast.AST, part: str, depth: int, outer: str | None = None) -> bool:
