@@ -63,13 +63,14 @@ class FrozenBatchnormInTrainMode(Rule):
     reported.
 
     A framework's own `train()` counts too. A `LightningModule` with a `training_step` that freezes part of
-    itself before training (in `__init__`, `setup`, `configure_optimizers`, or a method they call) is trained
-    in train mode (a module starts in it, and Lightning before 2.2 calls `.train()` after every validation):
+    itself before training (in `__init__`, `setup`, `configure_optimizers`, or a method they call) is trained in
+    train mode (a module starts in it, and Lightning before 2.2 calls `.train()` after every validation):
     reported at the freeze, naming `training_step`; a freeze under a configuration switch (`if
-    cfg.freeze_backbone:`, `if self.hparams.freeze:`) counts, and the message names the switch. A model frozen outside and handed to Lightning
-    (`trainer.fit(model)`) or to the Hugging Face `Trainer` (`Trainer(model=model).train()`, whose
-    `training_step` calls `model.train()` at every step, so an `.eval()` before `trainer.train()` does not
-    hold) is reported at the call, naming the freeze. An `accelerate` loop calls `model.train()` itself.
+    cfg.freeze_backbone:`, `if self.hparams.freeze:`) counts, and the message names the switch. A model frozen
+    outside and handed to Lightning (`trainer.fit(model)`) or to the Hugging Face `Trainer`
+    (`Trainer(model=model).train()`, whose `training_step` calls `model.train()` at every step, so an `.eval()`
+    before `trainer.train()` does not hold) is reported at the call, naming the freeze. An `accelerate` loop
+    calls `model.train()` itself.
 
     A part counts as frozen after `part.requires_grad_(False)` (any submodule: `model.backbone`,
     `net.base`, `self.encoder` in `__init__`), `for p in part.parameters(): p.requires_grad = False`, the
