@@ -17,6 +17,7 @@ from trainwise.doctor.context.syntax import (
 from trainwise.doctor.text import split_lines
 
 if TYPE_CHECKING:
+    from trainwise.doctor.context import Context
     from trainwise.doctor.program import Program
 
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
@@ -411,6 +412,16 @@ class FileIndex:
             if b.kind == "def" and isinstance(b.stmt, ast.ClassDef):
                 return b.stmt
         return None
+
+    def class_of_value(self, name: str, at: ast.AST) -> tuple[Context, ast.ClassDef] | None:
+        """The class a plain name holds an instance of at ``at`` (``model = Net(...)``), of this file or, through
+        the program, of another file of the run; with that file's context. None when unknown."""
+        value = self.value_of(ast.Name(id=name, ctx=ast.Load()), at)
+        if not isinstance(value, ast.Call):
+            return None
+        if isinstance(value.func, ast.Name) and (local := self.class_named(value.func.id, at)) is not None:
+            return self, local  # type: ignore[return-value]
+        return None if self.program is None else self.program.class_of(self, value.func)  # type: ignore[arg-type]
 
     def value_of(self, name: ast.Name, at: ast.AST) -> ast.AST | None:
         """The one value a name is built from: ``model = resnet50(...).to(device)``; ``model = model.cuda()``
