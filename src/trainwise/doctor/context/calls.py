@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from trainwise.doctor.context.syntax import (
     DEFINITIONS,
+    dotted,
     is_bound_method,
     last_name,
     position,
@@ -36,7 +37,7 @@ _EVAL_DATA = re.compile(
 )
 
 _EVAL_FUNCTION = re.compile(
-    r"_*(?:run_|do_|model_)?(?:evaluate|evaluation|eval|validate|validation|valid|val|test)"
+    r"_*(?:run_|do_|model_|compute_)?(?:evaluate|evaluation|eval|validate|validation|valid|val|test)"
     r"(?:_(?:epoch|loop|model|one_epoch|once|all|net|network|accuracy|loss|metrics))?"
     r"|_*\w+_(?:evaluate|evaluation|validate|validation|eval)",
 )
@@ -187,6 +188,8 @@ class CallGraph:
                         calls = [c for c in self._model_calls(loop) if id(c) not in seen]
                         if calls:
                             regions.append((loop, sorted(calls, key=position)))
+                            seen.update(id(c) for c in calls)
+            regions += self._validation_forwards(seen)
         self._cache[("evaluations", 0)] = regions  # type: ignore[index]
         return regions
 
@@ -194,10 +197,13 @@ class CallGraph:
         """The model calls of an evaluation function that runs the model without a loop (one full-graph or
         full-batch forward: ``out = model(data.x, data.edge_index)``, then accuracies): the function returns
         what it computes, reads like a metric (``acc``, ``correct``, ``f1``, ``.eq(...)``), and is called
-        from a loop of the file that trains (``for epoch ...: train(); test()``). Empty otherwise: a shape
-        check ``def test(): print(net(torch.randn(1, 3, 32, 32)).size())`` returns nothing."""
+        from a loop of the file that trains (``for epoch ...: train(); test()``) or once after one. It returns
+        or prints what it computes; a shape check ``def test(): print(net(torch.randn(1, 3, 32, 32)).size())``
+        names no metric."""
         calls = self._model_calls(fn)
-        if not calls or not any(isinstance(n, ast.Return) and n.value is not None for n in walk_own(fn.body)):
+        if not calls or not any((isinstance(n, ast.Return) and n.value is not None) or (
+                isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print" and n.args)
+                for n in walk_own(fn.body)):
             return []
         metric = False
         for n in walk_own(fn.body):
@@ -211,6 +217,8 @@ class CallGraph:
             loop = self.enclosing_loop(site)
             if loop is not None and self.reaches_call(loop, _trains):
                 return calls
+            if loop is None and self._after_training(site):
+                return calls  # `for epoch ...: train(epoch)`, then `test()` once
         program = self.program
         if program is not None:
             for other, site in program.callers(self, fn):  # type: ignore[arg-type]
@@ -224,6 +232,42 @@ class CallGraph:
                     if found is not None and found[0].reaches_call(found[1], _trains):
                         return calls
         return []
+
+    def _after_training(self, site: ast.AST) -> bool:
+        """Whether a loop that trains runs before ``site`` in the same scope."""
+        scope = self.scope(site)
+        return any(self.scope(loop) is scope and position(loop) < position(site) and self.reaches_call(loop, _trains)
+                   for tp in (ast.For, ast.While) for loop in self.nodes(tp))
+
+    def _validation_forwards(self, seen: set[int]) -> list[tuple[ast.AST, list[ast.Call]]]:
+        """The validation half of a function (or script) that trains without a loop over validation data: a
+        forward of ``model`` after ``model.eval()``, which comes after the function's last ``backward()`` or
+        optimizer step (``model.eval(); output = model(features, adj)`` after the training step of a graph
+        network's ``train()``). Each with the statement that holds it as its region."""
+        found: list[tuple[ast.AST, list[ast.Call]]] = []
+        for call in self.nodes(ast.Call):
+            if not (isinstance(call.func, ast.Attribute) and call.func.attr == "eval" and not call.args  # type: ignore[attr-defined]
+                    and not call.keywords and isinstance(self.parent(call), ast.Expr)):  # type: ignore[attr-defined]
+                continue
+            model = dotted(call.func.value)  # type: ignore[attr-defined]
+            scope = self.scope(call)
+            if model is None or not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+                continue
+            own = [c for c in walk_own(scope.body) if isinstance(c, ast.Call)]
+            trained = [c for c in own if _trains(c)]
+            if not trained or not any(position(c) < position(call) for c in trained):
+                continue
+            last = max(position(c) for c in trained)
+            loop = self.enclosing_loop(call)
+            for forward in own:
+                if (position(forward) <= position(call) or position(forward) < last or id(forward) in seen
+                        or dotted(forward.func) != model or not self.is_model_call(forward)
+                        or self.enclosing_loop(forward) is not loop):
+                    continue
+                statement = next(a for a in (forward, *self.ancestors(forward)) if isinstance(a, ast.stmt))
+                found.append((statement, [forward]))
+                seen.add(id(forward))
+        return found
 
     def _is_evaluation_function(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         name = fn.name

@@ -30,9 +30,13 @@ class EvaluationWithGradEnabled(Rule):
       train (the validation half of a `train()` function);
     - the loop of a function named like `evaluate`, `validate` or `test`, or, in such a function without a
       loop over the model, its single forward (a graph network's full-graph `out = model(data.x,
-      data.edge_index)`, a full-batch model) when the function returns what it computes, reads like a metric
-      (`acc`, `correct`, `f1`, `.eq(...)`) and is called from a loop that trains (`train(); test()` each
-      epoch): a shape check that returns nothing, or a function no training loop calls, is not one;
+      data.edge_index)`, a full-batch model) when the function returns or prints what it computes, reads like
+      a metric (`acc`, `correct`, `f1`, `.eq(...)`) and is called from a loop that trains (`train(); test()`
+      each epoch) or once after one: a shape check that names no metric, or a function no training code
+      precedes, is not one;
+    - the validation half of a function (or script) that trains without a loop over validation data: a forward
+      of `model` after `model.eval()`, which comes after the last `backward()` or optimizer step
+      (`model.eval(); output = model(features, adj)` in a graph network's `train()`);
     - a loop that runs a model after `model.eval()` (or `model = ....eval()`) in the same block, with no
       `model.train()` in between: an evaluation function under any name (`check_accuracy(loader, model)`),
       the test section at the end of a training script, a prediction or generation loop.
@@ -152,6 +156,10 @@ class EvaluationWithGradEnabled(Rule):
                     text = (f"`{self.ctx.segment(call.func)}` runs in the evaluation function `{region.name}` with "
                             f"autograd on{where}: the forward records a graph (and keeps every activation) it never "
                             f"uses; decorate `{region.name}` with `@torch.no_grad()`")
+                elif isinstance(region, ast.stmt) and not isinstance(region, (ast.For, ast.AsyncFor, ast.While)):
+                    text = (f"`{self.ctx.segment(call.func)}` runs after `.eval()` with autograd on{where}: the "
+                            f"evaluation forward records a graph (and keeps every activation) it never uses; wrap "
+                            f"it in `torch.no_grad()`")
                 else:
                     text = (f"`{self.ctx.segment(call.func)}` runs in an evaluation loop with autograd on{where}: "
                             f"every batch records a graph it never uses; wrap the loop in `torch.no_grad()` or "
