@@ -10,6 +10,7 @@ from trainwise.doctor.functions import functions, is_eval_call, same_or_below
 from trainwise.doctor.rule import Rule
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_REGION_BLOCKS = (*_FUNCTIONS, ast.For, ast.AsyncFor, ast.While)  # else a region is one statement after .eval()
 # Context managers that do not change autograd: anything else around the model call may (tw.evaluating(...)).
 _TRANSPARENT_WITH = frozenset({"autocast", "open", "device", "tqdm", "profile", "record_function", "Timer", "timer"})
 _DIFFERENTIATING = frozenset({"backward", "grad", "enable_grad", "set_grad_enabled", "requires_grad_", "retain_grad",
@@ -156,7 +157,7 @@ class EvaluationWithGradEnabled(Rule):
                     text = (f"`{self.ctx.segment(call.func)}` runs in the evaluation function `{region.name}` with "
                             f"autograd on{where}: the forward records a graph (and keeps every activation) it never "
                             f"uses; decorate `{region.name}` with `@torch.no_grad()`")
-                elif isinstance(region, ast.stmt) and not isinstance(region, (ast.For, ast.AsyncFor, ast.While)):
+                elif isinstance(region, ast.stmt) and not isinstance(region, _REGION_BLOCKS):
                     text = (f"`{self.ctx.segment(call.func)}` runs after `.eval()` with autograd on{where}: the "
                             f"evaluation forward records a graph (and keeps every activation) it never uses; wrap "
                             f"it in `torch.no_grad()`")
