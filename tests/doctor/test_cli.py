@@ -192,3 +192,39 @@ def test_console_script_exit_codes(project):
     assert subprocess.run([exe, "doctor", "clean.py"], capture_output=True).returncode == 0
     assert subprocess.run([exe, "doctor", "train.py"], capture_output=True).returncode == 1
     assert subprocess.run([exe, "doctor", "--select", "NOPE"], capture_output=True).returncode == 2
+
+
+def test_fix_keeps_findings_that_cross_files(tmp_path, monkeypatch, capsys):
+    """After fixing train.py, the re-check reads it with the run's other files: the frozen backbone that a
+    helper of utils/ puts back in train mode (TW108, found only across files) is still reported."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "utils").mkdir()
+    (tmp_path / "utils" / "fit.py").write_text(
+        "import torch.nn.functional as F\n\n\n"
+        "def fit_one_epoch(model, loader, optimizer):\n"
+        "    model.train()\n"
+        "    for x, y in loader:\n"
+        "        optimizer.zero_grad()\n"
+        "        F.cross_entropy(model(x), y).backward()\n"
+        "        optimizer.step()\n")
+    (tmp_path / "train.py").write_text(
+        "import torch\nimport torchvision\nfrom torch.utils.data import DataLoader\n"
+        "from utils.fit import fit_one_epoch\n\n"
+        "model = torchvision.models.resnet50(weights='DEFAULT')\n"
+        "model.requires_grad_(False)\n"
+        "model.fc = torch.nn.Linear(2048, 10)\n"
+        "optimizer = torch.optim.SGD(model.fc.parameters(), lr=0.01)\n"
+        "loader = DataLoader(ds, batch_size=32)\n"
+        "fit_one_epoch(model, loader, optimizer)\n"
+        "correct = 0\n"
+        "for x, y in loader:\n"
+        "    correct += (model(x).argmax(1) == y).sum().item()\n"
+        "print(correct / len(loader))\n")
+    assert main(["doctor", "--select", "TW101,TW108", "."]) == 1
+    before = capsys.readouterr().out
+    assert "train.py:11:1: TW108" in before and "TW101" in before
+
+    assert main(["doctor", "--select", "TW101,TW108", "--fix", "."]) == 1
+    out = capsys.readouterr().out
+    assert "len(loader.dataset)" in (tmp_path / "train.py").read_text()
+    assert "train.py:11:1: TW108" in out and "TW101" not in out and "Fixed 1 problem in 1 file." in out

@@ -249,3 +249,53 @@ def test_import_cycles_and_odd_imports_end(tmp_path):
     assert train is not None
     calls = [n for n in ast.walk(train.tree) if isinstance(n, ast.Call)]
     assert all(program.callee(train, c) is None or c.func is not None for c in calls)
+
+
+def test_the_class_a_name_holds_and_whether_its_layers_depend_on_the_mode(tmp_path):
+    """``class_of_value`` finds the class of ``net = Generator()`` in another file of the run, and
+    ``mode_free_class`` tells a generator of convolutions and InstanceNorm (the same in both modes) from one
+    with dropout, one built around a library backbone, and one whose block (in a third file) holds BatchNorm."""
+    from trainwise.doctor.context.modules import mode_free_class
+
+    write(tmp_path, {
+        "blocks.py": "import torch.nn as nn\n\n\nclass Block(nn.Module):\n    def __init__(self, d):\n"
+                     "        super().__init__()\n        self.bn = nn.BatchNorm2d(d)\n",
+        "models.py": "import torch.nn as nn\nimport torchvision\nfrom blocks import Block\n\n\n"
+                     "class Generator(nn.Module):\n    def __init__(self, d=8):\n        super().__init__()\n"
+                     "        layers = [nn.Conv2d(3, d, 3), nn.InstanceNorm2d(d, track_running_stats=True)]\n"
+                     "        layers.append(nn.ReLU(inplace=True))\n        self.main = nn.Sequential(*layers)\n\n\n"
+                     "class Dropping(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                     "        self.main = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))\n\n\n"
+                     "class Wrapped(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                     "        self.backbone = torchvision.models.resnet18()\n\n\n"
+                     "class WithBlock(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                     "        self.block = Block(4)\n",
+        "test.py": "from models import Dropping, Generator, WithBlock, Wrapped\n\n"
+                   "g = Generator()\nd = Dropping()\nw = Wrapped()\nb = WithBlock()\nprint(g, d, w, b)\n",
+    })
+    program = program_of(tmp_path)
+    test = program.context(str(tmp_path / "test.py"))
+    assert test is not None
+    at = test.tree.body[-1]
+    found = {name: test.class_of_value(name, at) for name in ("g", "d", "w", "b")}
+    assert {name: cls.name for name, (_ctx, cls) in found.items()} == {
+        "g": "Generator", "d": "Dropping", "w": "Wrapped", "b": "WithBlock"}
+    assert {name: mode_free_class(ctx, cls) for name, (ctx, cls) in found.items()} == {
+        "g": True, "d": False, "w": False, "b": False}
+    assert test.class_of_value("print", at) is None
+
+
+@pytest.mark.parametrize(("code", "restores"), [
+    ("was_training = model.training\nmodel.eval()\nmodel.train(was_training)\n", True),
+    ("was_training = model.training\nmodel.eval()\nif was_training:\n    model.train()\n", True),
+    ("model.eval()\nmodel.train(model.training)\n", True),
+    ("model.eval()\nmodel.train()\n", False),
+    ("flag = True\nmodel.eval()\nif flag:\n    model.train()\n", False),
+    ("was_training = model.training\nmodel.eval()\nif was_training:\n    pass\nelse:\n    model.train()\n", False),
+])
+def test_a_train_call_that_restores_a_saved_mode(code, restores):
+    from trainwise.doctor.context import Context
+
+    ctx = Context(ast.parse(code), code)
+    train = [n for n in ast.walk(ctx.tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "train"]
+    assert [ctx.restores_mode(call) for call in train] == [restores]

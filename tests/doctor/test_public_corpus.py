@@ -36,9 +36,14 @@ MARK = re.compile(r"#\s*(?P<tag>expect|silent|latent):\s*(?P<code>TW\d{3})\b")
 # Floors measured on this corpus (see docs/doctor.md, "Measured on public code"). Raise them, never lower them.
 # Measured after the TW102-TW110 changes of issue 15: 31 of 31 real bugs found and no false alarm (the last one,
 # TW104 on jaidedai-easyocr/trainer/test.py:48, is gone: its caller wraps it in no_grad), so precision 31 / 31.
-# With 31 findings a single false alarm gives 31 / 32 = 0.97 and fails the floor.
-RECALL_FLOOR = 1.00  # 31 of 31 real bugs found
-PRECISION_FLOOR = 1.00  # 31 findings, all on marked bugs: no false alarm
+# Issue 29 added 11 multi-file repositories (60 cases, 31 real bugs) and one bug found in an old excerpt: 63 of 63
+# real bugs found, no false alarm. Before that issue's last rule changes the new repositories gave 27 of 31
+# (the four graph-network TW104 were missed) and two false alarms (TW114 on pytorch-semseg, TW103 on StarGAN).
+# Four more repositories were then read with the rules frozen (held out: ViT-pytorch, ssd.pytorch,
+# 3D-ResNets-PyTorch, unet-pytorch): 12 of 12 real bugs found, none of their 9 look-alikes reported.
+# Over the corpus: 75 of 75; a single false alarm gives 75 / 76 = 0.99 and fails the floor.
+RECALL_FLOOR = 1.00  # 75 of 75 real bugs found
+PRECISION_FLOOR = 1.00  # 75 findings, all on marked bugs: no false alarm
 
 
 def corpus_files() -> list[Path]:
@@ -173,6 +178,9 @@ def test_every_case_names_its_source():
 def test_corpus_size_meets_the_issue():
     data = index()
     kinds = Counter(c["kind"] for c in data["cases"])
-    assert len(data["repositories"]) >= 15
-    assert kinds["finding"] >= 25
-    assert kinds["lookalike"] >= 1
+    assert len(data["repositories"]) >= 34
+    assert kinds["finding"] >= 75
+    assert kinds["lookalike"] >= 79
+    # Issue 29: at least ten repositories laid out as projects, checked as one run of several files.
+    folders = Counter(path.relative_to(CORPUS).parts[0] for path in corpus_files())
+    assert sum(1 for count in folders.values() if count >= 2) >= 10

@@ -127,6 +127,7 @@ def _fix(results: list, config: Any, args: argparse.Namespace) -> int:
 
     import_libcst()
     remaining = []
+    written: list[str] = []
     fixed = changed_files = 0
     for result in results:
         fixes = fixes_to_apply(result.findings, unsafe=config.unsafe_fixes)
@@ -144,7 +145,10 @@ def _fix(results: list, config: Any, args: argparse.Namespace) -> int:
             remaining.extend(f for f in result.findings if f.fix not in fixes)
             continue
         write_fixed(result.path, new_source.encode(result.encoding), fixed_before=changed_files - 1)
-        after = engine.check_file(result.path, config)
+        written.append(result.path)
+    # The files written are checked again with every file of the run, so that findings across files stay.
+    program_files = [r.path for r in results if r.source is not None or r.notebook]
+    for after in engine.check_in_program(written, program_files, config):
         remaining.extend(f for f in after.findings if config.enabled(f.code))
     if args.diff:
         print(f"{fixed} fix{'es' if fixed != 1 else ''} would be applied in {changed_files} "

@@ -282,9 +282,21 @@ def check_paths(paths: Sequence[str], config: Config | None = None) -> list[File
     """Check files and folders (recursively) as one program, so that a finding may cross files (a helper of
     ``utils.py`` called from ``train.py``); results sorted by path, unreadable paths as TW900 findings."""
     config = config or Config()
-    rules = config.rules()
     files, errors = discover(paths, exclude=config.exclude)
-    program = Program(files, read_source)
+    results = check_in_program(files, files, config)
+    results.extend(FileResult(e.path, [e]) for e in errors)
+    for result in results:
+        result.findings = [f for f in result.findings if config.enabled(f.code)]
+        result.findings.sort(key=Finding.sort_key)
+    results.sort(key=lambda r: r.path)
+    return results
+
+
+def check_in_program(files: Sequence[str], program_files: Sequence[str], config: Config) -> list[FileResult]:
+    """Check ``files`` as files of the run made of ``program_files`` (read from disk now), so that a finding
+    may cross files; ``--fix`` re-checks the files it wrote this way, with the run's other files."""
+    rules = config.rules()
+    program = Program(program_files, read_source)
     results = []
     collecting = gc.isenabled()
     try:
@@ -298,11 +310,6 @@ def check_paths(paths: Sequence[str], config: Config | None = None) -> list[File
         program.close()
         if collecting:
             gc.unfreeze()
-    results.extend(FileResult(e.path, [e]) for e in errors)
-    for result in results:
-        result.findings = [f for f in result.findings if config.enabled(f.code)]
-        result.findings.sort(key=Finding.sort_key)
-    results.sort(key=lambda r: r.path)
     return results
 
 
@@ -401,5 +408,5 @@ def _os_reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-__all__ = ["Config", "FileResult", "analyse", "check_file", "check_paths", "check_source", "check_sources", "discover",
-           "load_config", "parse_codes"]
+__all__ = ["Config", "FileResult", "analyse", "check_file", "check_in_program", "check_paths", "check_source",
+           "check_sources", "discover", "load_config", "parse_codes"]

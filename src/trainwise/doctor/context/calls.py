@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from trainwise.doctor.context.syntax import (
     DEFINITIONS,
+    dotted,
     is_bound_method,
     last_name,
     position,
@@ -27,8 +28,16 @@ _EVAL_LOADER = re.compile(
     re.IGNORECASE,
 )
 
+# Evaluation data that is not named as a loader (`val_data`, `valid_ds`, `test_set`, `val_batches`): an
+# evaluation region when its loop runs the model in a function that trains (the second half of `train()`).
+_EVAL_DATA = re.compile(
+    r"(?:\w*_)?(?:val|valid|validation|test|testing|dev)_?(?:data|dataset|ds|set|batches|samples|generator|gen)s?"
+    r"|(?:x|inputs?)_(?:val|valid|test)",
+    re.IGNORECASE,
+)
+
 _EVAL_FUNCTION = re.compile(
-    r"_*(?:run_|do_|model_)?(?:evaluate|evaluation|eval|validate|validation|valid|val|test)"
+    r"_*(?:run_|do_|model_|compute_)?(?:evaluate|evaluation|eval|validate|validation|valid|val|test)"
     r"(?:_(?:epoch|loop|model|one_epoch|once|all|net|network|accuracy|loss|metrics))?"
     r"|_*\w+_(?:evaluate|evaluation|validate|validation|eval)",
 )
@@ -122,7 +131,7 @@ class CallGraph:
                     name = last_name(call.func)
                     if name is None:
                         continue
-                    for fn in self.functions_named(name):
+                    for fn in self._callable_as(call, name):
                         if id(fn) not in seen and fn is not container:
                             seen[id(fn)] = fn
                             next_frontier.append(fn)
@@ -130,6 +139,16 @@ class CallGraph:
             if not frontier:
                 break
         return list(seen.values())
+
+    def _callable_as(self, call: ast.Call, name: str) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+        """The functions of the file a call may run by its name; ``model.train()`` / ``model.eval()`` on a
+        module runs only a ``train``/``eval`` that a module class of the file overrides, not a ``def train(...)``
+        training loop beside it."""
+        found = self.functions_named(name)
+        if name in ("train", "eval") and isinstance(call.func, ast.Attribute) and self.is_module(call.func.value):
+            found = [fn for fn in found if (cls := self.enclosing_class(fn)) is not None
+                     and cls.name in self.module_classes]
+        return found
 
     def reaches_call(self, container: ast.AST, predicate: Callable[[ast.Call], bool], depth: int = 3) -> bool:
         """Whether a call satisfying ``predicate`` happens in ``container`` or in a same-file helper it calls
@@ -163,12 +182,14 @@ class CallGraph:
                             seen.update(id(c) for c in calls)
             for tp in (ast.For, ast.AsyncFor, ast.comprehension):
                 for loop in self.nodes(tp):
-                    if self._is_evaluation_loader(loop.iter):  # type: ignore[attr-defined]
+                    if self._is_evaluation_loader(loop.iter) or self._evaluation_half(loop):  # type: ignore[arg-type]
                         if isinstance(loop, ast.comprehension):
                             loop = self.parent(loop)  # the comprehension expression
                         calls = [c for c in self._model_calls(loop) if id(c) not in seen]
                         if calls:
                             regions.append((loop, sorted(calls, key=position)))
+                            seen.update(id(c) for c in calls)
+            regions += self._validation_forwards(seen)
         self._cache[("evaluations", 0)] = regions  # type: ignore[index]
         return regions
 
@@ -176,10 +197,13 @@ class CallGraph:
         """The model calls of an evaluation function that runs the model without a loop (one full-graph or
         full-batch forward: ``out = model(data.x, data.edge_index)``, then accuracies): the function returns
         what it computes, reads like a metric (``acc``, ``correct``, ``f1``, ``.eq(...)``), and is called
-        from a loop of the file that trains (``for epoch ...: train(); test()``). Empty otherwise: a shape
-        check ``def test(): print(net(torch.randn(1, 3, 32, 32)).size())`` returns nothing."""
+        from a loop of the file that trains (``for epoch ...: train(); test()``) or once after one. It returns
+        or prints what it computes; a shape check ``def test(): print(net(torch.randn(1, 3, 32, 32)).size())``
+        names no metric."""
         calls = self._model_calls(fn)
-        if not calls or not any(isinstance(n, ast.Return) and n.value is not None for n in walk_own(fn.body)):
+        if not calls or not any((isinstance(n, ast.Return) and n.value is not None) or (
+                isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print" and n.args)
+                for n in walk_own(fn.body)):
             return []
         metric = False
         for n in walk_own(fn.body):
@@ -193,6 +217,8 @@ class CallGraph:
             loop = self.enclosing_loop(site)
             if loop is not None and self.reaches_call(loop, _trains):
                 return calls
+            if loop is None and self._after_training(site):
+                return calls  # `for epoch ...: train(epoch)`, then `test()` once
         program = self.program
         if program is not None:
             for other, site in program.callers(self, fn):  # type: ignore[arg-type]
@@ -206,6 +232,42 @@ class CallGraph:
                     if found is not None and found[0].reaches_call(found[1], _trains):
                         return calls
         return []
+
+    def _after_training(self, site: ast.AST) -> bool:
+        """Whether a loop that trains runs before ``site`` in the same scope."""
+        scope = self.scope(site)
+        return any(self.scope(loop) is scope and position(loop) < position(site) and self.reaches_call(loop, _trains)
+                   for tp in (ast.For, ast.While) for loop in self.nodes(tp))
+
+    def _validation_forwards(self, seen: set[int]) -> list[tuple[ast.AST, list[ast.Call]]]:
+        """The validation half of a function (or script) that trains without a loop over validation data: a
+        forward of ``model`` after ``model.eval()``, which comes after the function's last ``backward()`` or
+        optimizer step (``model.eval(); output = model(features, adj)`` after the training step of a graph
+        network's ``train()``). Each with the statement that holds it as its region."""
+        found: list[tuple[ast.AST, list[ast.Call]]] = []
+        for call in self.nodes(ast.Call):
+            if not (isinstance(call.func, ast.Attribute) and call.func.attr == "eval" and not call.args  # type: ignore[attr-defined]
+                    and not call.keywords and isinstance(self.parent(call), ast.Expr)):  # type: ignore[attr-defined]
+                continue
+            model = dotted(call.func.value)  # type: ignore[attr-defined]
+            scope = self.scope(call)
+            if model is None or not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+                continue
+            own = [c for c in walk_own(scope.body) if isinstance(c, ast.Call)]
+            trained = [c for c in own if _trains(c)]
+            if not trained or not any(position(c) < position(call) for c in trained):
+                continue
+            last = max(position(c) for c in trained)
+            loop = self.enclosing_loop(call)
+            for forward in own:
+                if (position(forward) <= position(call) or position(forward) < last or id(forward) in seen
+                        or dotted(forward.func) != model or not self.is_model_call(forward)
+                        or self.enclosing_loop(forward) is not loop):
+                    continue
+                statement = next(a for a in (forward, *self.ancestors(forward)) if isinstance(a, ast.stmt))
+                found.append((statement, [forward]))
+                seen.add(id(forward))
+        return found
 
     def _is_evaluation_function(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         name = fn.name
@@ -232,6 +294,21 @@ class CallGraph:
                     and bool(_EVAL_WORD.fullmatch(key.value)) and self.loader(expr) is not None)
         name = last_name(expr)
         return name is not None and bool(_EVAL_LOADER.fullmatch(name)) and self.loader(expr) is not None
+
+    def _evaluation_half(self, loop: ast.For | ast.AsyncFor | ast.comprehension) -> bool:
+        """A loop over evaluation data not named as a loader (``for x, y in val_data``) that runs no training
+        call, in a function whose other loops train: the validation half of a ``train()`` function."""
+        expr = loop.iter
+        for _ in range(3):  # enumerate(val_data), tqdm(...), batches(val_data, batch_size)
+            if isinstance(expr, ast.Call) and expr.args:
+                expr = expr.args[0]
+        name = last_name(expr)
+        if name is None or not _EVAL_DATA.fullmatch(name) or isinstance(loop, ast.comprehension):
+            return False
+        fn = self.scope(loop)
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or self.reaches_call(loop, _trains):
+            return False
+        return any(other is not loop and self.reaches_call(other, _trains) for other in _loops_of(fn))
 
     def _model_calls(self, region: ast.AST) -> list[ast.Call]:
         """Forward calls ``model(x)`` in a region (nested functions excluded)."""

@@ -17,6 +17,7 @@ from trainwise.doctor.context.syntax import (
 from trainwise.doctor.text import split_lines
 
 if TYPE_CHECKING:
+    from trainwise.doctor.context import Context
     from trainwise.doctor.program import Program
 
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
@@ -369,6 +370,32 @@ class FileIndex:
             return [b for b in before if b.kind != "augassign"][-1:] or [last]
         return [last]
 
+    def restores_mode(self, call: ast.Call) -> bool:
+        """Whether a ``.train(...)`` call puts back a mode saved before (``was_training = model.training``, then
+        ``model.train(was_training)`` or ``if was_training: model.train()``): it restores, it does not switch."""
+        if call.args or call.keywords:
+            mode = call.args[0] if call.args else call.keywords[0].value
+            return self._saved_mode(mode, call)
+        child: ast.AST = call
+        for parent in self.ancestors(call):
+            if isinstance(parent, _SCOPES):
+                return False
+            if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
+                in_body = child is parent.body or any(child is s for s in _as_list(parent.body))
+                return in_body and self._saved_mode(parent.test, call)
+            child = parent
+        return False
+
+    def _saved_mode(self, expr: ast.AST, at: ast.AST) -> bool:
+        """``model.training``, or a name bound to it (``was_training = model.training``)."""
+        if isinstance(expr, ast.Attribute):
+            return expr.attr == "training"
+        if isinstance(expr, ast.Name):
+            found = self.reaching(expr, at)
+            return bool(found) and all(b.kind == "assign" and isinstance(b.value, ast.Attribute)
+                                       and b.value.attr == "training" for b in found)
+        return False
+
     def constant(self, node: ast.AST, depth: int = 0) -> object:
         """The value of a literal, or of a name bound exactly once to a literal; ``...`` when unknown."""
         if isinstance(node, ast.Constant):
@@ -385,6 +412,16 @@ class FileIndex:
             if b.kind == "def" and isinstance(b.stmt, ast.ClassDef):
                 return b.stmt
         return None
+
+    def class_of_value(self, name: str, at: ast.AST) -> tuple[Context, ast.ClassDef] | None:
+        """The class a plain name holds an instance of at ``at`` (``model = Net(...)``), of this file or, through
+        the program, of another file of the run; with that file's context. None when unknown."""
+        value = self.value_of(ast.Name(id=name, ctx=ast.Load()), at)
+        if not isinstance(value, ast.Call):
+            return None
+        if isinstance(value.func, ast.Name) and (local := self.class_named(value.func.id, at)) is not None:
+            return self, local  # type: ignore[return-value]
+        return None if self.program is None else self.program.class_of(self, value.func)  # type: ignore[arg-type]
 
     def value_of(self, name: ast.Name, at: ast.AST) -> ast.AST | None:
         """The one value a name is built from: ``model = resnet50(...).to(device)``; ``model = model.cuda()``
@@ -433,3 +470,7 @@ def _transformers_model(qualname: str | None) -> bool:
         return False
     name = qualname.rsplit(".", 1)[1]
     return not name.startswith(("TF", "Flax")) and (name.endswith("Model") or "For" in name)
+
+
+def _as_list(body: object) -> list[ast.AST]:
+    return body if isinstance(body, list) else [body]  # type: ignore[list-item, return-value]

@@ -204,3 +204,59 @@ class Norms:
             found = self._builds[key] = any(self.value_has_bn(call, [], call, depth + 1)
                                             for call in self.ctx.calls_within(container))
         return found
+
+
+# Layers whose forward does not depend on train/eval mode (InstanceNorm normalises each sample by its own
+# statistics in train mode, as in training: eval would switch a tracking one to running averages).
+_MODE_FREE_LAYERS = re.compile(
+    r"Conv(?:Transpose)?[123]d|Linear|Bilinear|Embedding|EmbeddingBag|Identity|Flatten|Unflatten|Sequential|"
+    r"ModuleList|ModuleDict|ParameterList|ParameterDict|Parameter|(?:Leaky)?ReLU6?|PReLU|R?ReLU|[CS]?ELU|GELU|SiLU|Mish|"
+    r"Sigmoid|Tanh|Softmax2?d?|LogSoftmax|Softplus|Hardswish|Hardsigmoid|Hardtanh|Softsign|(?:Adaptive)?(?:Max|Avg)"
+    r"Pool[123]d|Upsample\w*|PixelShuffle|PixelUnshuffle|(?:Zero|Reflection|Replication|Constant)Pad[123]d|"
+    r"LayerNorm|GroupNorm|RMSNorm|LocalResponseNorm|(?:Lazy)?InstanceNorm[123]d"
+)
+_MODE_WORD = re.compile(r"dropout|Dropout\w*|BatchNorm\w*|batch_norm|training|RNN|LSTM|GRU|Transformer\w*|"
+                        r"MultiheadAttention|scaled_dot_product_attention")
+_BUILTINS = frozenset({"super", "range", "len", "int", "float", "list", "tuple", "dict", "zip", "enumerate", "min",
+                       "max", "sum", "isinstance", "getattr", "setattr", "hasattr", "print", "round", "abs", "str"})
+
+
+def mode_free_class(ctx: Context, cls: ast.ClassDef, depth: int = 0) -> bool:
+    """Whether a module class of the run behaves the same in train and eval mode, as far as the code shows:
+    every layer it builds is known and mode-free (convolutions, activations, LayerNorm, InstanceNorm) or a
+    class of the run that is, and nothing in it names dropout, BatchNorm, recurrent layers or
+    ``self.training``. Leans towards "no": an unknown layer or builder makes it False."""
+    if depth > 3:
+        return False
+    for node in ast.walk(cls):
+        word = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        if word is not None and _MODE_WORD.fullmatch(word):
+            return False
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if name is None or name in _BUILTINS or _MODE_FREE_LAYERS.fullmatch(name):
+            continue
+        if isinstance(func, ast.Attribute) and not name[:1].isupper():
+            root = func.value
+            while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):
+                root = root.value if not isinstance(root, ast.Call) else root.func
+            if isinstance(root, ast.Name) and root.id not in ctx.aliases:
+                continue  # layers.append(...), x.view(...), self.main(x): a method of a value, not a builder
+            if isinstance(root, ast.Name) and ctx.aliases.get(root.id, "").split(".")[0] == "torch" and (
+                    ctx.qualname(func) or "").startswith(("torch.nn.functional.", "torch.")) \
+                    and "models" not in (ctx.qualname(func) or ""):
+                continue  # F.relu, torch.cat: functions, not layers (dropout and batch_norm are caught above)
+            return False
+        if isinstance(func, ast.Name) and not name[:1].isupper():
+            local = ctx.functions_named(name)
+            if not local:
+                return False  # a builder of another library
+            continue  # a helper of the file: its layers are judged where it builds them (walked with the file)
+        found = ctx.class_named(name, node) if isinstance(func, ast.Name) else None
+        other = (ctx, found) if found is not None else (
+            ctx.program.class_of(ctx, func) if ctx.program is not None else None)
+        if other is None or other[1] is cls or not mode_free_class(other[0], other[1], depth + 1):
+            return False
+    return True

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainwise.doctor.context import Context, is_const, keyword, last_name, method_call, position
+from trainwise.doctor.context.modules import mode_free_class
 from trainwise.doctor.functions import reaches_call
 from trainwise.doctor.rule import Rule
 
@@ -40,13 +41,15 @@ class EvaluationInTrainMode(Rule):
     ## What it does
     Finds two mistakes about a model's mode:
 
-    - an evaluation loop (a loop over a validation or test loader, or the loop of a function named like
-      `evaluate`, `validate` or `test` that runs the model) when neither that function, nor a function of
-      the same file it calls, nor a function that calls it puts the model in eval mode (`model.eval()` or
-      `model.train(False)`). An evaluation function without a loop counts too: one full-graph or
-      full-batch forward (`out = model(data.x, data.edge_index)` in a graph network's `test()`) in a function
-      named like `test` or `evaluate` that returns what it computes, reads like a metric (`acc`, `correct`,
-      `f1`, `.eq(...)`) and is called from a loop that trains (`for epoch ...: train(); test()`);
+    - an evaluation loop (a loop over a validation or test loader, a loop over validation data such as
+      `val_data` in a function whose other loops train (the validation half of a `train()` function), or
+      the loop of a function named like `evaluate`, `validate` or `test` that runs the model) when neither
+      that function, nor a function of the same file it calls, nor a function that calls it puts the model in
+      eval mode (`model.eval()` or `model.train(False)`). An evaluation function without a loop counts too:
+      one full-graph or full-batch forward (`out = model(data.x, data.edge_index)` in a graph network's
+      `test()`) in a function named like `test` or `evaluate` that returns what it computes, reads like a
+      metric (`acc`, `correct`, `f1`, `.eq(...)`) and is called from a loop that trains (`for epoch ...:
+      train(); test()`);
     - a loop that trains (calls `backward()`) and runs such an evaluation, which calls `.eval()`, but never
       calls `model.train()` again: from the second epoch on, training runs in eval mode.
 
@@ -54,7 +57,9 @@ class EvaluationInTrainMode(Rule):
     registry `MODELS[name](...)`): it counts as a module when the file calls it like one (`model(x)`) and
     uses it as one (`.parameters()`, `.train()`/`.eval()`, `.state_dict()`/`.load_state_dict()`, `.cuda()`,
     `.requires_grad_()`); a registry function, a tokenizer, a scikit-learn estimator or a pipeline moved
-    with `.to()` (which runs its own no-grad) is not.
+    with `.to()` (which runs its own no-grad) is not. A model of a class of the run whose layers are all known
+    and act alike in both modes (convolutions, activations, LayerNorm, InstanceNorm; no dropout, BatchNorm or
+    recurrent layer: a StarGAN generator tested in train mode on purpose) is not reported.
 
     ## Why is this bad?
     Dropout and BatchNorm behave differently in the two modes. Evaluating in train mode drops activations at
@@ -139,6 +144,8 @@ class EvaluationInTrainMode(Rule):
             for call in calls:
                 if self.ctx.under_unknown_with(call, _TRANSPARENT_WITH) or self._loaded_model(call):
                     continue
+                if self._mode_free_model(call):
+                    continue  # no dropout nor BatchNorm in it: eval() would change nothing this rule is about
                 kind, before = "an evaluation loop", "before the loop"
                 if isinstance(region, _FUNCTIONS) and self.ctx.enclosing_loop(call) is None:
                     kind, before = f"the evaluation function `{region.name}`", "before the forward"
@@ -181,6 +188,29 @@ class EvaluationInTrainMode(Rule):
             return False
         found = self.ctx.bindings_of(func)
         return bool(found) and all(b.kind == "param" and b.stmt is fn for b in found)
+
+    def _mode_free_model(self, call: ast.Call) -> bool:
+        """The model called is built from a class of the run (``self.G = Generator(...)``, ``net = Net()``)
+        whose layers are all known and behave alike in both modes (``modules.mode_free_class``)."""
+        func = call.func
+        values: list[ast.AST | None] = []
+        if isinstance(func, ast.Name):
+            values = [self.ctx.value_of(func, call)]
+        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+            cls = self.ctx.enclosing_class(call)  # every self.G = Generator(...) of the class (one per dataset)
+            values = [b.value for b in self.ctx.attr_bindings.get(f"self.{func.attr}", [])
+                      if cls is not None and self.ctx.enclosing_class(b.stmt) is cls]
+        if not values:
+            return False
+        for value in values:
+            if not isinstance(value, ast.Call):
+                return False
+            local = self.ctx.class_named(value.func.id, call) if isinstance(value.func, ast.Name) else None
+            found = (self.ctx, local) if local is not None else (
+                self.ctx.program.class_of(self.ctx, value.func) if self.ctx.program is not None else None)
+            if found is None or not mode_free_class(found[0], found[1]):
+                return False
+        return True
 
     def _loaded_model(self, call: ast.Call) -> bool:
         """A model whose bindings come from ``from_pretrained``/``load``: its mode is not known."""
@@ -264,12 +294,18 @@ def _mode_set_around(ctx: Context, region: ast.AST, predicate: Callable[[ast.Cal
             if reaches_call(ctx, fn, predicate):
                 return True
             if isinstance(fn, _FUNCTIONS):
-                next_frontier.extend(ctx.scope(site) for site in ctx.call_sites(fn))
+                next_frontier.extend(ctx.scope(site) for site in ctx.call_sites(fn) if not _mode_call(ctx, site))
                 outer = ctx.scope(fn)
                 if isinstance(outer, _FUNCTIONS):
                     next_frontier.append(outer)
         frontier = next_frontier
     return False
+
+
+def _mode_call(ctx: Context, site: ast.Call) -> bool:
+    """``model.train()`` / ``self.model.eval()`` on a module: not a call of a function of the file that is
+    named ``train`` (a ``Trainer.train`` method beside a model's mode switch)."""
+    return method_call(site, "train", "eval") and ctx.is_module(site.func.value)  # type: ignore[attr-defined]
 
 
 def _receiver_name(call: ast.Call) -> str | None:

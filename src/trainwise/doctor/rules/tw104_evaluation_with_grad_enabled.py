@@ -10,6 +10,7 @@ from trainwise.doctor.functions import functions, is_eval_call, same_or_below
 from trainwise.doctor.rule import Rule
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_REGION_BLOCKS = (*_FUNCTIONS, ast.For, ast.AsyncFor, ast.While)  # else a region is one statement after .eval()
 # Context managers that do not change autograd: anything else around the model call may (tw.evaluating(...)).
 _TRANSPARENT_WITH = frozenset({"autocast", "open", "device", "tqdm", "profile", "record_function", "Timer", "timer"})
 _DIFFERENTIATING = frozenset({"backward", "grad", "enable_grad", "set_grad_enabled", "requires_grad_", "retain_grad",
@@ -25,12 +26,18 @@ class EvaluationWithGradEnabled(Rule):
     decorators, `set_grad_enabled(False)`). An evaluation loop is:
 
     - a loop over a validation or test loader (`for x, y in val_loader`, `dataloaders["val"]`), in a script,
-      a function or a method, also when the same script or function trains elsewhere;
+      a function or a method, also when the same script or function trains elsewhere; a loop over
+      validation data not named as a loader (`for x, y in batches(val_data)`) in a function whose other loops
+      train (the validation half of a `train()` function);
     - the loop of a function named like `evaluate`, `validate` or `test`, or, in such a function without a
       loop over the model, its single forward (a graph network's full-graph `out = model(data.x,
-      data.edge_index)`, a full-batch model) when the function returns what it computes, reads like a metric
-      (`acc`, `correct`, `f1`, `.eq(...)`) and is called from a loop that trains (`train(); test()` each
-      epoch): a shape check that returns nothing, or a function no training loop calls, is not one;
+      data.edge_index)`, a full-batch model) when the function returns or prints what it computes, reads like
+      a metric (`acc`, `correct`, `f1`, `.eq(...)`) and is called from a loop that trains (`train(); test()`
+      each epoch) or once after one: a shape check that names no metric, or a function no training code
+      precedes, is not one;
+    - the validation half of a function (or script) that trains without a loop over validation data: a forward
+      of `model` after `model.eval()`, which comes after the last `backward()` or optimizer step
+      (`model.eval(); output = model(features, adj)` in a graph network's `train()`);
     - a loop that runs a model after `model.eval()` (or `model = ....eval()`) in the same block, with no
       `model.train()` in between: an evaluation function under any name (`check_accuracy(loader, model)`),
       the test section at the end of a training script, a prediction or generation loop.
@@ -152,6 +159,10 @@ class EvaluationWithGradEnabled(Rule):
                     text = (f"`{self.ctx.segment(call.func)}` runs in the evaluation function `{region.name}` with "
                             f"autograd on{where}: the forward records a graph (and keeps every activation) it never "
                             f"uses; decorate `{region.name}` with `@torch.no_grad()`")
+                elif isinstance(region, ast.stmt) and not isinstance(region, _REGION_BLOCKS):
+                    text = (f"`{self.ctx.segment(call.func)}` runs after `.eval()` with autograd on{where}: the "
+                            f"evaluation forward records a graph (and keeps every activation) it never uses; wrap "
+                            f"it in `torch.no_grad()`")
                 else:
                     text = (f"`{self.ctx.segment(call.func)}` runs in an evaluation loop with autograd on{where}: "
                             f"every batch records a graph it never uses; wrap the loop in `torch.no_grad()` or "
@@ -271,8 +282,8 @@ class EvaluationWithGradEnabled(Rule):
                 if not all(_may_enable(ctx, [ctx.scope(site)], site) for ctx, site in outside):
                     return False
                 self._outside[id(first)] = outside
-            elif not self._named(first.name) and not _sets_eval_mode(first):
-                return False
+            elif not self._named(first.name) and not _sets_eval_mode(first) and not functions(self.ctx).trains(first):
+                return False  # a function that trains has autograd on: its evaluation half is its own
         return _may_enable(self.ctx, [first])
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from trainwise.doctor.context import Context, init_of, is_const, keyword
+from trainwise.doctor.context import Context, init_of, is_const, keyword, last_name
 from trainwise.doctor.rule import Rule
 
 # torch.nn classes that hold parameters (or a dropout, which model.eval() must reach): one of these in a plain
@@ -18,6 +18,7 @@ _PARAMETRIC = frozenset({
 })
 _DROPOUT = frozenset({"Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout"})
 _NN_CONTAINERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})
+_REGISTERING = _NN_CONTAINERS | {"ParameterList", "ParameterDict"}
 _PARAMETER = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
 _PLAIN = {"list": "list", "tuple": "tuple", "dict": "dict"}
 _GROWS = frozenset({"append", "extend", "insert"})
@@ -50,7 +51,8 @@ class UnregisteredModule(Rule):
 
     The rule stays silent on `nn.ModuleList`, `nn.ModuleDict`, `nn.ParameterList`, `nn.ParameterDict`,
     `register_buffer` and `add_module`; on a local list passed to `nn.Sequential(*layers)` or
-    `nn.ModuleList(layers)`; on a list later wrapped (`self.blocks = nn.ModuleList(self.blocks)`); on a list
+    `nn.ModuleList(layers)`; on a list later wrapped (`self.blocks = nn.ModuleList(self.blocks)`, or kept
+    under another name: `self.path_module_list = nn.ModuleList(self.paths)`); on a list
     of non-modules (ints, strings, functions) or of parameter-free layers (`nn.ReLU()`, losses), which lose
     nothing; on a list of modules the class freezes or puts in eval (a teacher kept out of `state_dict` on
     purpose); on tensors that do not require grad; and on classes that are not modules.
@@ -139,6 +141,8 @@ class UnregisteredModule(Rule):
         if container is None:
             return
         kind, items = container
+        if _passed_on(attr, methods):
+            return  # self.paths handed to nn.ModuleList(self.paths) (kept under another name): registered there
         items = items + _grown_later(attr, methods)
         held = [h for h in (_held(self.ctx, item, 0) for item in items) if h is not None]
         if not held:
@@ -311,6 +315,18 @@ def _local_list(ctx: Context, name: ast.Name, fn: ast.AST) -> tuple[str, list[as
                                                   and t.value.id == name.id for t in node.targets):
             items = [*items, node.value]
     return kind, items
+
+
+def _passed_on(attr: str, methods: list[ast.AST]) -> bool:
+    """Whether ``self.<attr>`` is handed to a registering container in the methods:
+    ``self.path_module_list = nn.ModuleList(self.paths)`` registers the modules of ``self.paths`` there."""
+    for method in methods:
+        for node in ast.walk(method):
+            if isinstance(node, ast.Call) and last_name(node.func) in _REGISTERING \
+                    and any(isinstance(a, ast.Attribute) and a.attr == attr and isinstance(a.value, ast.Name)
+                            and a.value.id == "self" for a in _arguments(node)):
+                return True
+    return False
 
 
 def _arguments(call: ast.Call) -> list[ast.expr]:

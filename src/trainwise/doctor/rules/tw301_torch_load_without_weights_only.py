@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import ast
+import re
 
-from trainwise.doctor.context import has_star_kwargs, is_const, keyword
+from trainwise.doctor.context import has_star_kwargs, is_const, is_param, keyword, last_name
 from trainwise.doctor.project import TorchRequirement, torch_requirements
 from trainwise.doctor.rule import FixAvailability, Rule
 
 _LOADS = frozenset({"torch.load", "torch.serialization.load"})
 
 _SAFE_DEFAULT_SINCE = (0, 2, 6)  # torch.load defaults to weights_only=True from torch 2.6
+# A caller's switch for an unsafe load: true asks for it (`allow_pickle`, `unsafe_load`, `trust_checkpoint`).
+_UNSAFE_SWITCH = re.compile(r"(allow_pickle|unsafe|trust)", re.IGNORECASE)
 
 
 class TorchLoadWithoutWeightsOnly(Rule):
@@ -35,6 +38,8 @@ class TorchLoadWithoutWeightsOnly(Rule):
     without `weights_only` is safe and is not reported. Otherwise it is, and when a declaration admits an
     older torch the message names it. `weights_only=False` is reported whatever the version, and so is a
     call that passes a `pickle_module`: with one, torch 2.6 and later default to `weights_only=False` again.
+    A load that runs only when the caller asked for it is not reported: on the branch where the function's own
+    `weights_only` parameter (or `self.weights_only`) is false, or an `allow_pickle` / `unsafe` switch is true.
 
     `trainwise lab strict-false` measures it: wrapped checkpoints: strict=False vs load_weights.
 
@@ -74,6 +79,8 @@ class TorchLoadWithoutWeightsOnly(Rule):
         if self.ctx.qualname(node.func) not in _LOADS or has_star_kwargs(node):
             return
         kw = keyword(node, "weights_only")
+        if (kw is None or is_const(kw.value, False)) and self._asked_by_caller(node):
+            return
         custom_pickle = keyword(node, "pickle_module") is not None or len(node.args) >= 3
         if kw is None:
             safe_default, admitting = self._declared_torch()
@@ -99,6 +106,29 @@ class TorchLoadWithoutWeightsOnly(Rule):
                 fix=fix,
             )
 
+    def _asked_by_caller(self, node: ast.AST) -> bool:
+        """Whether ``node`` runs only on a branch where the enclosing function's caller asked for an unsafe
+        load: inside ``if not weights_only:`` (or the ``else`` of ``if weights_only:``), after an ``if
+        weights_only: return ...``, inside ``if allow_pickle:``, after ``if not allow_pickle: raise``."""
+        fn = self.ctx.scope(node)
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+        child: ast.AST = node
+        for parent in self.ctx.ancestors(node):
+            if isinstance(parent, ast.If) and child is not parent.test \
+                    and _asks_unsafe(fn, parent.test, holds=any(child is s for s in parent.body)):
+                return True
+            for statements in _statement_lists(parent):
+                if any(child is s for s in statements):
+                    before = statements[: next(i for i, s in enumerate(statements) if s is child)]
+                    if any(isinstance(s, ast.If) and not s.orelse and _ends(s.body)
+                           and _asks_unsafe(fn, s.test, holds=False) for s in before):
+                        return True
+            if parent is fn:
+                break
+            child = parent
+        return False
+
     def _declared_torch(self) -> tuple[bool, TorchRequirement | None]:
         """Whether the project's declared torch is at least 2.6 everywhere it is versioned (then
         ``weights_only=True`` is the default), and else a declaration that admits an older torch, if any."""
@@ -111,6 +141,40 @@ class TorchLoadWithoutWeightsOnly(Rule):
                 admitting = next(iter(declared), None)  # `torch` alone: any version
             self._declared = (bool(versioned) and admitting is None, admitting)
         return self._declared
+
+
+def _statement_lists(node: ast.AST) -> list[list[ast.stmt]]:
+    """The statement lists directly inside ``node`` (body, else, finally, handlers' bodies are their own)."""
+    return [getattr(node, name) for name in ("body", "orelse", "finalbody")
+            if isinstance(getattr(node, name, None), list) and getattr(node, name)
+            and isinstance(getattr(node, name)[0], ast.stmt)]
+
+
+def _ends(statements: list[ast.stmt]) -> bool:
+    """Whether a block always leaves: its last statement returns or raises."""
+    return bool(statements) and isinstance(statements[-1], (ast.Return, ast.Raise))
+
+
+def _asks_unsafe(fn: ast.FunctionDef | ast.AsyncFunctionDef, test: ast.expr, *, holds: bool) -> bool:
+    """Whether ``test`` being ``holds`` means the caller of ``fn`` asked for an unsafe load: its own
+    ``weights_only`` parameter (or ``self.weights_only``) false, or an ``allow_pickle``-like switch true."""
+    while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test, holds = test.operand, not holds
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.comparators[0], ast.Constant) \
+            and isinstance(test.comparators[0].value, bool):
+        equal = isinstance(test.ops[0], (ast.Is, ast.Eq))
+        if not equal and not isinstance(test.ops[0], (ast.IsNot, ast.NotEq)):
+            return False
+        holds = holds == (equal == test.comparators[0].value)
+        test = test.left
+    name = last_name(test)
+    caller_chose = (isinstance(test, ast.Name) and is_param(fn, test.id)) or (
+        isinstance(test, ast.Attribute) and isinstance(test.value, ast.Name) and test.value.id == "self")
+    if name is None or not caller_chose:
+        return False
+    if name.endswith("weights_only"):
+        return not holds
+    return holds and _UNSAFE_SWITCH.search(name) is not None
 
 
 def _add_weights_only(node: object, cst: object) -> object:

@@ -94,7 +94,7 @@ for epoch in range(num_epochs):
     G.eval() # for generating samples
     if train_on_gpu:
         fixed_z = fixed_z.cuda()
-    samples_z = G(fixed_z)
+    samples_z = G(fixed_z)  # expect: TW104
     samples.append(samples_z)  # expect: TW102
     G.train() # back to training mode
 
