@@ -153,6 +153,15 @@ def test_the_walk_stops_at_a_git_folder(tmp_path):
     assert len(tw301(inner / "train.py")) == 1  # a repository of its own, declaring nothing
 
 
+@pytest.mark.parametrize("packages", ["site-packages", "dist-packages"])
+def test_an_installed_package_is_not_the_project_around_its_environment(tmp_path, packages):
+    """A virtual environment inside a project: the installed package's code is not that project's code."""
+    _project(tmp_path, pyproject__toml='[project]\nname = "outer"\ndependencies = ["torch>=2.6"]\n')
+    installed = _project(tmp_path / ".venv" / "lib" / "python3.11" / packages / "pkg", train__py=LOAD)
+    (finding,) = tw301(installed / "train.py")
+    assert "pyproject.toml" not in finding.message
+
+
 def test_an_edited_declaration_is_read_again(tmp_path):
     _project(tmp_path, requirements__txt="torch>=2.6\n", train__py=LOAD)
     assert tw301(tmp_path / "train.py") == []

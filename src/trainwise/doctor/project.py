@@ -2,8 +2,8 @@
 ``weights_only=True`` from torch 2.6).
 
 The project root is the nearest folder at or above the file that holds a ``pyproject.toml``, ``setup.cfg``,
-``setup.py`` or ``requirements*.txt`` (the walk stops at a folder holding ``.git``, and at the filesystem root).
-Its torch requirements are read from ``pyproject.toml`` (``[project]`` ``dependencies`` and
+``setup.py`` or ``requirements*.txt`` (the walk stops at a folder holding ``.git``, at ``site-packages``, and
+at the filesystem root). Its torch requirements are read from ``pyproject.toml`` (``[project]`` ``dependencies`` and
 ``optional-dependencies``), ``setup.cfg`` (``[options]`` ``install_requires`` and ``[options.extras_require]``)
 and every ``requirements*.txt`` of the root. ``setup.py`` marks a root but is never read, let alone run.
 
@@ -26,6 +26,7 @@ from pathlib import Path
 
 _MAX_BYTES = 1 << 20  # a declaration file larger than this is not read
 _ROOT_FILES = ("pyproject.toml", "setup.cfg", "setup.py")
+_INSTALLED = ("site-packages", "dist-packages")
 _NAME = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(?:\[[^\]]*\])?\s*")
 _SPECIFIER = re.compile(r"\s*(~=|===|==|!=|<=|>=|<|>)\s*([^\s,;()]+)\s*")
 _RELEASE = re.compile(r"v?(?:(\d+)!)?(\d+(?:\.\d+)*)(?:\.\*)?(?:[._-]?[A-Za-z][\w.+-]*|\+[\w.]*)?")
@@ -64,7 +65,8 @@ def torch_requirements(path: str) -> tuple[Path, tuple[TorchRequirement, ...]] |
 
 
 def _project_root(start: Path) -> Path | None:
-    """The nearest folder at or above ``start`` holding a declaration file (or ``setup.py``); None past ``.git``."""
+    """The nearest folder at or above ``start`` holding a declaration file (or ``setup.py``); None past ``.git``
+    or ``site-packages``."""
     for folder in (start, *start.parents):
         try:
             names = os.listdir(folder)
@@ -72,7 +74,7 @@ def _project_root(start: Path) -> Path | None:
             continue
         if any(name in _ROOT_FILES or _is_requirements_file(name) for name in names):
             return folder
-        if ".git" in names:
+        if ".git" in names or folder.name in _INSTALLED:  # an installed package is not the project around it
             return None
     return None
 
