@@ -108,18 +108,39 @@ def _execute(target: str, argv: list[str], *, is_module: bool, auto: Any) -> int
     try:
         if is_module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
+        elif os.path.isfile(target):
+            _run_file(target)
+        else:  # a folder or zip file with a __main__.py
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         return _exit_status(exc.code)
     except BaseException as exc:  # what python prints for an uncaught exception, from the script's frames on
         sys.stdout.flush()
-        sys.excepthook(type(exc), exc, _user_traceback(exc.__traceback__))
+        exc.__traceback__ = _user_traceback(exc.__traceback__)
+        sys.excepthook(type(exc), exc, exc.__traceback__)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path + [p for p in sys.path if p not in saved_path]
     return 0
+
+
+def _run_file(path: str) -> None:
+    """Run a .py file as python runs its script: a fresh ``__main__`` module (kept in ``sys.modules``, so that
+    what it defines pickles, as under python), ``__file__`` and code names absolute, ``sys.argv[0]`` as given."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    absolute = os.path.abspath(path)
+    with open(absolute, "rb") as fh:  # bytes: compile() reads the encoding cookie as python does
+        source = fh.read()
+    code = compile(source, absolute, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=absolute, __builtins__=builtins, __cached__=None, __annotations__={},
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", absolute))
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
 
 
 def _exit_status(code: Any) -> int:

@@ -204,8 +204,8 @@ class RunReport:
         self.fmt, self.output, self.target = fmt, output, target
 
     def before_run(self) -> None:
-        """The doctor's findings, one line each (text format, on the reporting rank)."""
-        if self.fmt != "text" or not self.ranks.reports:
+        """The doctor's findings, one line each (on the reporting rank, unless stderr is for the report)."""
+        if not self._says_as_found():
             return
         from trainwise.doctor.report import location
 
@@ -213,13 +213,16 @@ class RunReport:
             _say(f"{PREFIX} doctor: {location(finding)}: {finding.code} {finding.message}")
 
     def live(self, located: LocatedFinding) -> None:
-        """One guard finding, as it is found (text format, on the reporting rank)."""
-        if self.fmt != "text" or not self.ranks.reports:
+        """One guard finding, as it is found (on the reporting rank, unless stderr is for the report)."""
+        if not self._says_as_found():
             return
         finding = located.finding
         place = located.place.shown() if located.place else "(no line of the script)"
         where = f"{finding.where}, " if finding.where else ""
         _say(f"{PREFIX} {place}: {finding.code} {finding.message} ({where}step {finding.step})")
+
+    def _says_as_found(self) -> bool:
+        return self.ranks.reports and (self.fmt == "text" or self.output is not None)
 
     def after_run(self, located: list[LocatedFinding], status: int) -> int:
         """Gather the ranks' findings, write the report, and return the exit status: the script's, or 1 when it

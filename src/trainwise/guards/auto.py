@@ -12,6 +12,7 @@ already seen costs one dictionary look-up per step.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import sys
 import weakref
@@ -257,15 +258,14 @@ class AutoGuard:
         self._optimizers[id(inner)] = (weakref.ref(inner), weakref.ref(given))
 
     def _find_optimizers(self) -> None:
-        """The optimizers the user's frames hold (their locals, and the attributes of their ``self``)."""
+        """The optimizers the user's module-level code holds (a script's globals). A function's locals are not
+        read: in Python 3.11 reading ``frame.f_locals`` copies them into a dict the frame keeps, which would keep
+        a model the function then drops alive; such an optimizer is paired at its first step instead."""
         frame: FrameType | None = sys._getframe(1)
         while frame is not None and frame.f_code is not self.stop_at:
-            if not self._skipped(frame.f_code.co_filename):
-                values = list(frame.f_locals.values())
-                owner = frame.f_locals.get("self")
-                if owner is not None and hasattr(owner, "__dict__"):
-                    values += list(vars(owner).values())
-                for value in values:
+            code = frame.f_code
+            if not code.co_flags & inspect.CO_OPTIMIZED and not self._skipped(code.co_filename):
+                for value in list(frame.f_globals.values()):
                     if isinstance(value, torch.optim.Optimizer):
                         inner = optimizer_layers(value)[-1]
                         entry = self._optimizers.get(id(inner))
