@@ -105,3 +105,18 @@ def test_two_models_each_get_their_own_guard_and_optimizer():
         auto.close()
     assert pairs == {("Linear", id(g_opt)), ("Linear", id(c_opt))}
     assert auto.findings == []
+
+
+def test_a_model_that_cannot_be_guarded_is_said_once_and_the_code_runs_on(monkeypatch, capsys):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("an exotic model")
+
+    monkeypatch.setattr(AutoGuard, "_attach", refuse)
+    auto = AutoGuard().install()
+    try:
+        model = nn.Linear(3, 2)
+        outputs = [model(torch.ones(1, 3)) for _ in range(2)]
+    finally:
+        auto.close()
+    assert torch.equal(outputs[0], outputs[1])
+    assert capsys.readouterr().err == "trainwise: could not guard a Linear, left unguarded: an exotic model\n"

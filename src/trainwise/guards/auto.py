@@ -201,10 +201,17 @@ class AutoGuard:
                 yield root, model
 
     def _discover(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        """A module called at the top: guard it if it is a new root with parameters."""
+        """A module called at the top: guard it if it is a new root with parameters. The user's code runs on
+        whatever happens here: a model the guard cannot take is said once and left unguarded."""
         if torch.compiler.is_compiling():
             return
         self._modules[id(module)] = (weakref.ref(module), None)
+        try:
+            self._guard_root(module, args)
+        except Exception as exc:  # never the script's failure (nor a warning a filter could make one)
+            _say(f"trainwise: could not guard a {type(module).__name__}, left unguarded: {exc}")
+
+    def _guard_root(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         user_model = model_layers(module)[-1]
         if next(user_model.parameters(), None) is None:
             return  # a loss or activation module called on its own: nothing trains there
@@ -275,8 +282,14 @@ class AutoGuard:
 
     def _new_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer stepping for the first time: pair it with the roots whose parameters it holds (unless
-        they already are), and note where it steps."""
+        they already are), and note where it steps; one the guard cannot take is said once and left alone."""
         self._stepped[id(optimizer)] = weakref.ref(optimizer)
+        try:
+            self._pair(optimizer)
+        except Exception as exc:  # never the script's failure (nor a warning a filter could make one)
+            _say(f"trainwise: could not guard a {type(optimizer).__name__}, left unguarded: {exc}")
+
+    def _pair(self, optimizer: torch.optim.Optimizer) -> None:
         entry = self._optimizers.get(id(optimizer))
         if entry is None or entry[0]() is not optimizer:
             self._remember(optimizer, optimizer)
@@ -337,6 +350,10 @@ class AutoGuard:
                     return found
             frame = frame.f_back
         return None if self.stop_at is not None else found
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
 
 
 def _holds(optimizer: torch.optim.Optimizer, params: set[int]) -> bool:
