@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import gc
 import sys
+import warnings
 import weakref
 
+import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -120,3 +122,29 @@ def test_a_model_that_cannot_be_guarded_is_said_once_and_the_code_runs_on(monkey
         auto.close()
     assert torch.equal(outputs[0], outputs[1])
     assert capsys.readouterr().err == "trainwise: could not guard a Linear, left unguarded: an exotic model\n"
+
+
+@pytest.mark.slow
+def test_a_compiled_model_is_guarded_without_changing_what_it_computes():
+    def train() -> float:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+        compiled = torch.compile(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+        for _ in range(3):
+            F.cross_entropy(compiled(x), y).backward()  # never zeroed: TW105
+            optimizer.step()
+        return F.cross_entropy(model(x), y).item()
+
+    plain = train()
+    torch._dynamo.reset()
+    auto = AutoGuard().install()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            guarded = train()
+    finally:
+        auto.close()
+    assert guarded == plain
+    assert not [w for w in caught if "global hooks" in str(w.message)]  # torch's warning about our hooks: silenced
+    assert [f.code for f in auto.findings] == ["TW105"]

@@ -15,6 +15,7 @@ import dataclasses
 import inspect
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from types import CodeType, FrameType
@@ -71,6 +72,8 @@ class LocatedFinding:
     def code(self) -> str:
         return self.finding.code
 
+
+_COMPILE_WARNING = "Using `torch.compile\\(module\\)` when there are global hooks"
 
 # codes whose finding happened at the model's evaluation forward, whenever the check can tell
 _AT_EVALUATION = frozenset({"TW104"})
@@ -140,8 +143,13 @@ class AutoGuard:
     def install(self) -> AutoGuard:
         """Register the global hooks (module forwards, optimizer steps)."""
         running, known = self._running, self._modules
+        # inside a torch.compile region the hooks are traced: they return before reading any state of theirs, so
+        # that the graph holds nothing of them and gets no break (one call each in eager mode)
+        compiling = torch.compiler.is_compiling
 
         def pre(module: nn.Module, args: tuple[Any, ...]) -> None:
+            if compiling():
+                return None
             top = running[0]
             if top is not None:  # a nested call: the fast path
                 if module is top:
@@ -157,6 +165,8 @@ class AutoGuard:
             return None
 
         def post(module: nn.Module, args: Any, output: Any) -> None:
+            if compiling():
+                return None
             if module is running[0]:
                 if running[1]:
                     running[1] -= 1
@@ -167,11 +177,16 @@ class AutoGuard:
         stepped = self._stepped
 
         def step_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if compiling():
+                return None
             ref = stepped.get(id(optimizer))
             if ref is None or ref() is not optimizer:
                 self._new_optimizer(optimizer)
             return None
 
+        # torch warns, on each torch.compile'd module's call, that global hooks fire for it too: they are ours,
+        # and they expect it
+        warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
         self._handles = [
             nn.modules.module.register_module_forward_pre_hook(pre),
             nn.modules.module.register_module_forward_hook(post, always_call=True),
@@ -184,6 +199,7 @@ class AutoGuard:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        warnings.filters[:] = [f for f in warnings.filters if f[1] is None or f[1].pattern != _COMPILE_WARNING]
         for root in self._roots:
             for guard in reversed(root.live_guards()):  # the last installed first: zero_grad spies unwind
                 guard.close()
@@ -203,8 +219,6 @@ class AutoGuard:
     def _discover(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         """A module called at the top: guard it if it is a new root with parameters. The user's code runs on
         whatever happens here: a model the guard cannot take is said once and left unguarded."""
-        if torch.compiler.is_compiling():
-            return
         self._modules[id(module)] = (weakref.ref(module), None)
         try:
             self._guard_root(module, args)
