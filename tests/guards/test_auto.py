@@ -80,9 +80,12 @@ def test_close_removes_every_hook_and_a_dropped_model_is_freed():
         del model, optimizer
         gc.collect()
         assert dropped[0]() is None and dropped[1]() is None  # nothing of the guard keeps them alive
+        assert not auto._modules and not auto._optimizers and not auto._stepped  # nor their entries
+        assert auto._roots[0].model() is None
         kept = nn.Linear(3, 2)
         kept_optimizer = torch.optim.SGD(kept.parameters(), lr=0.1)
         _step(kept, kept_optimizer)
+        assert len(auto._roots) == 1 and auto._roots[0].model() is kept  # the dropped model's root is gone
     finally:
         auto.close()
     assert (len(module_hooks._global_forward_pre_hooks), len(module_hooks._global_forward_hooks)) == (pre, post)

@@ -219,7 +219,7 @@ class AutoGuard:
     def _discover(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         """A module called at the top: guard it if it is a new root with parameters. The user's code runs on
         whatever happens here: a model the guard cannot take is said once and left unguarded."""
-        self._modules[id(module)] = (weakref.ref(module), None)
+        self._modules[id(module)] = (_forgetting(self._modules, module), None)
         try:
             self._guard_root(module, args)
         except Exception as exc:  # never the script's failure (nor a warning a filter could make one)
@@ -246,7 +246,8 @@ class AutoGuard:
             if inner is not None and inner not in optimizers and _holds(inner, params):
                 optimizers.append(given_ref() or inner)
         root = _Root(module, place)
-        self._modules[id(module)] = (weakref.ref(module), root)
+        self._modules[id(module)] = (_forgetting(self._modules, module), root)
+        self._roots = [r for r in self._roots if r.model() is not None]  # the dropped models' roots go
         self._roots.append(root)
         before = set(module._forward_pre_hooks)
         self._attach(root, module, optimizers[0] if optimizers else None, self.codes)
@@ -276,7 +277,7 @@ class AutoGuard:
             self._remember(guard.optimizer, optimizer)
 
     def _remember(self, inner: Any, given: Any) -> None:
-        self._optimizers[id(inner)] = (weakref.ref(inner), weakref.ref(given))
+        self._optimizers[id(inner)] = (_forgetting(self._optimizers, inner), weakref.ref(given))
 
     def _find_optimizers(self) -> None:
         """The optimizers the user's module-level code holds (a script's globals). A function's locals are not
@@ -297,7 +298,7 @@ class AutoGuard:
     def _new_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer stepping for the first time: pair it with the roots whose parameters it holds (unless
         they already are), and note where it steps; one the guard cannot take is said once and left alone."""
-        self._stepped[id(optimizer)] = weakref.ref(optimizer)
+        self._stepped[id(optimizer)] = _forgetting(self._stepped, optimizer)
         try:
             self._pair(optimizer)
         except Exception as exc:  # never the script's failure (nor a warning a filter could make one)
@@ -364,6 +365,19 @@ class AutoGuard:
                     return found
             frame = frame.f_back
         return None if self.stop_at is not None else found
+
+
+def _forgetting(table: dict[int, Any], value: Any) -> weakref.ref[Any]:
+    """A weak reference to ``value`` that removes its entry (keyed by ``id``) from ``table`` when it dies, unless
+    the id has been given to a new object since."""
+    key = id(value)
+
+    def forget(ref: weakref.ref[Any]) -> None:
+        entry = table.get(key)
+        if entry is ref or (isinstance(entry, tuple) and entry[0] is ref):
+            del table[key]
+
+    return weakref.ref(value, forget)
 
 
 def _say(text: str) -> None:
