@@ -81,9 +81,14 @@ def _codes(values: Sequence[str] | None, option: str, *, also: str = "") -> tupl
     return tuple(out)
 
 
+MAX_PROGRAM_FILES = 500  # files read with the script as one program, at most (else the script alone)
+
+
 def static_findings(source: str, selection: Selection) -> list[Finding]:
-    """The doctor's findings on ``source``, read with the other files of its folder as one program (a helper
-    module beside the script counts), with the project's ``[tool.trainwise.doctor]`` settings."""
+    """The doctor's findings on ``source``, with the project's ``[tool.trainwise.doctor]`` settings, read with the
+    modules beside it as one program (a helper module or package next to the script counts): the ``.py`` files of
+    its folder and the packages in it, as ``trainwise doctor`` finds them there; the script alone when they are
+    more than ``MAX_PROGRAM_FILES`` (a script in a home or temporary folder)."""
     from trainwise.doctor import engine
     from trainwise.doctor.program import Program
 
@@ -91,10 +96,19 @@ def static_findings(source: str, selection: Selection) -> list[Finding]:
     config = engine.load_config(Path(folder))
     config = dataclasses.replace(config, select=selection.select or config.select,
                                  ignore=config.ignore + selection.ignore)
-    shown = _shown(source)
-    files, _ = engine.discover([_shown(folder)], exclude=config.exclude)
-    same = [f for f in files if os.path.abspath(f) == os.path.abspath(source)]
-    path = same[0] if same else shown
+    path = _shown(source)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        names = []
+    beside = [os.path.join(folder, n) for n in names
+              if n.endswith(".py") or os.path.isfile(os.path.join(folder, n, "__init__.py"))]
+    files: list[str] = []
+    if len(beside) <= MAX_PROGRAM_FILES:
+        files, _ = engine.discover([_shown(p) for p in beside], exclude=config.exclude)
+    if len(files) > MAX_PROGRAM_FILES:
+        files = []
+    files = [f for f in files if os.path.abspath(f) != os.path.abspath(source)]
     result = engine.check_file(path, config, program=Program([path, *files], engine.read_source))
     return [f for f in result.findings if selection.enabled(f.code)]
 
