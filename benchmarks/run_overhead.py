@@ -3,11 +3,14 @@
 The script is the loop a user would write (an MLP 64-256-256-10 on synthetic data, batch 64, AdamW, per step
 ``zero_grad``, forward, ``F.cross_entropy``, ``backward``, ``step``, ``loss.item()``), written to a temporary
 folder; it prints the wall and CPU time of its own training loop (after one warm-up step; one torch thread).
-Three sides run it, each a fresh process, interleaved in a random order within each round:
+Four sides run it, each a fresh process, interleaved in a random order within each round:
 
 - ``python``: ``python train.py``;
 - ``run``: ``python -m trainwise run train.py`` (the doctor reads the script first, the guards watch every step);
-- ``run-no-doctor``: ``python -m trainwise run --no-doctor train.py`` (the guards alone).
+- ``run-no-doctor``: ``python -m trainwise run --no-doctor train.py`` (the guards alone);
+- ``run-no-checks``: ``python -m trainwise run --no-doctor --ignore TW train.py``: the global hooks find the model
+  and optimizer and attach a guard with no check, so this side is the cost of ``trainwise run`` itself (start-up,
+  the hooks on every module call and step) without the checks' own (``benchmarks/overhead.py`` measures those).
 
 For each side: the whole process (wall clock, and the CPU time of the child, steadier when other processes share
 the cores) and the script's own loop time; the medians with their spread (min-max), and against ``python`` the
@@ -69,6 +72,7 @@ SIDES = {
     "python": [sys.executable, "train.py"],
     "run": [sys.executable, "-m", "trainwise", "run", "train.py"],
     "run-no-doctor": [sys.executable, "-m", "trainwise", "run", "--no-doctor", "train.py"],
+    "run-no-checks": [sys.executable, "-m", "trainwise", "run", "--no-doctor", "--ignore", "TW", "train.py"],
 }
 
 

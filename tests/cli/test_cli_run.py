@@ -155,3 +155,19 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path, argv, says):
     assert proc.returncode == 2
     assert says in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (Path(sys.executable).parent / "trainwise").exists(), reason="no trainwise console script")
+def test_the_console_script_puts_the_scripts_folder_first_on_sys_path(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "helper.py").write_text("NAME = 'helper beside the script'\n")
+    (tmp_path / "sub" / "show.py").write_text(
+        "import sys\nimport helper\nprint(sys.path[0], helper.NAME, sys.argv)\n")
+    console = str(Path(sys.executable).parent / "trainwise")
+    ours = subprocess.run([console, "run", "--no-doctor", "sub/show.py", "x"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    python = subprocess.run([sys.executable, "sub/show.py", "x"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert ours.returncode == python.returncode == 0, ours.stderr
+    assert ours.stdout == python.stdout == f"{tmp_path / 'sub'} helper beside the script ['sub/show.py', 'x']\n"
