@@ -119,3 +119,14 @@ def test_live_lines_go_to_stderr_only_where_they_do_not_mix_with_the_report(caps
     report = RunReport(Selection(), [_static("TW105", 3)], Ranks(), fmt="json", output="report.json")
     report.before_run()
     assert capsys.readouterr().err == "trainwise run: doctor: train.py:3:5: TW105 static TW105\n"
+
+
+def test_a_rank_that_does_not_report_still_fails_on_its_own_findings(tmp_path):
+    from trainwise.guards.auto import LocatedFinding, Place
+    from trainwise.guards.core import GuardFinding
+
+    rank1 = Ranks(rank=1, local_rank=1, world=2, local_world=2, folder=str(tmp_path / "launch"))
+    fail = Selection.parse(select=None, ignore=None, fail_on=["TW105"])
+    located = [LocatedFinding(GuardFinding("TW105", 1, "SGD", "m"), Place(str(tmp_path / "train.py"), 3))]
+    assert RunReport(fail, [], rank1).after_run(located, 0) == 1
+    assert RunReport(Selection(), [], rank1).after_run(located, 0) == 0

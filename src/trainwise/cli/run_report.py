@@ -241,8 +241,10 @@ class RunReport:
     def after_run(self, located: list[LocatedFinding], status: int) -> int:
         """Gather the ranks' findings, write the report, and return the exit status: the script's, or 1 when it
         succeeded and a finding matches ``--fail-on``."""
-        rows = self.ranks.gather([_row(f) for f in located])
-        failing = any(self.selection.fails(row["code"]) for row in rows)
+        own = [_row(f) for f in located]
+        failing = any(self.selection.fails(row["code"]) for row in own)  # each rank's status: its own findings
+        rows = self.ranks.gather(own)
+        failing = failing or any(self.selection.fails(row["code"]) for row in rows)
         if self.ranks.reports:
             rows.sort(key=lambda r: (r["path"], r["line"], r["code"]))
             failing = failing or any(self.selection.fails(f.code) for f in self.static)
