@@ -215,7 +215,8 @@ class RunReport:
     def __init__(self, selection: Selection, static: list[Finding], ranks: Ranks, *, fmt: str = "text",
                  output: str | None = None, target: str = "") -> None:
         self.selection, self.static, self.ranks = selection, static, ranks
-        self.fmt, self.output, self.target = fmt, output, target
+        self.fmt, self.target = fmt, target
+        self.output = os.path.abspath(output) if output else None  # before the script can change folder
 
     def before_run(self) -> None:
         """The doctor's findings, one line each (on the reporting rank, unless stderr is for the report)."""
