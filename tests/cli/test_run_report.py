@@ -14,6 +14,12 @@ from trainwise.doctor.rule import Finding
 from trainwise.errors import TrainwiseError
 
 
+def _start_in(folder, monkeypatch) -> None:
+    """trainwise started in ``folder`` (the report names paths from there)."""
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr("trainwise.guards.auto._START_FOLDER", str(folder))
+
+
 def _static(code: str, line: int, path: str = "train.py") -> Finding:
     return Finding(path=path, line=line, column=5, code=code, name="rule", message=f"static {code}")
 
@@ -28,7 +34,7 @@ def _report(static: list[Finding], selection: Selection | None = None, fmt: str 
 
 
 def test_static_and_runtime_findings_pair_at_the_same_line_then_nearest_in_the_same_file(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+    _start_in(tmp_path, monkeypatch)
     static = [_static("TW105", 12), _static("TW102", 20), _static("TW102", 40), _static("TW103", 30),
               _static("TW109", 7, path="other.py")]
     rows = [_row("TW105", 12), _row("TW102", 22), _row("TW108", 9), _row("TW109", 8)]
@@ -46,7 +52,7 @@ def test_static_and_runtime_findings_pair_at_the_same_line_then_nearest_in_the_s
 
 
 def test_each_format_holds_every_entry(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+    _start_in(tmp_path, monkeypatch)
     static, rows = [_static("TW105", 12), _static("TW103", 30)], [_row("TW105", 12), _row("TW113", 14)]
     text = run_report._render_text(_report(static)._entries(rows), _report(static))
     assert "1 static finding(s) confirmed by the run, 1 found only at run time, 1 static not seen" in text
@@ -64,7 +70,7 @@ def test_each_format_holds_every_entry(tmp_path, monkeypatch):
 
 
 def test_the_exit_status_is_the_scripts_unless_fail_on_matches(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
+    _start_in(tmp_path, monkeypatch)
     fail = Selection.parse(select=None, ignore=None, fail_on=["TW10"])
     assert _report([], fail).after_run([], 0) == 0
     assert _report([_static("TW105", 3)], fail).after_run([], 0) == 1  # a static finding matches

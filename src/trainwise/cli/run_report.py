@@ -263,7 +263,9 @@ class RunReport:
         """Static findings and runtime rows together. A pair with the same code, file and line is one entry; then
         a static finding left and a runtime one left with the same code in the same file (the nearest line) are
         one too: the doctor names the cause (``total += loss``), the run the line where it shows (the step)."""
-        static = {(f.code, os.path.abspath(f.path), f.line): f for f in self.static}
+        from trainwise.guards.auto import absolute_path
+
+        static = {(f.code, absolute_path(f.path), f.line): f for f in self.static}
         entries, unmatched = [], []
         for row in rows:
             match = static.pop((row["code"], row["path"], row["line"]), None)

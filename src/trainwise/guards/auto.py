@@ -52,10 +52,27 @@ class Place:
         return f"{shown_path(self.path)}:{self.line}"
 
 
-def shown_path(path: str) -> str:
-    """``path`` relative to the current folder when it lies inside it, else as it is."""
+def _start_folder() -> str | None:
     try:
-        relative = os.path.relpath(path)
+        return os.getcwd()
+    except OSError:  # the folder was removed
+        return None
+
+
+_START_FOLDER = _start_folder()  # the current folder when trainwise started: a script may change it
+
+
+def absolute_path(path: str) -> str:
+    """``path`` made absolute from the folder trainwise started in."""
+    return os.path.normpath(os.path.join(_START_FOLDER or os.getcwd(), path))
+
+
+def shown_path(path: str) -> str:
+    """``path`` relative to the folder trainwise started in when it lies inside it, else as it is."""
+    if _START_FOLDER is None:
+        return path
+    try:
+        relative = os.path.relpath(path, _START_FOLDER)
     except ValueError:  # another drive (Windows)
         return path
     return path if relative.startswith("..") else relative

@@ -1,5 +1,7 @@
 """Each mistake the runtime guards catch, in plain loops, one model each: `trainwise run` must report every one
 with its code at the line marked `# TWxxx` (tests/cli/test_cli_run.py). Kept tiny: a few steps on 8 samples."""
+import os
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -98,4 +100,6 @@ for _ in range(2):
     optimizer.zero_grad()
     F.cross_entropy(model(x), y).backward()  # TW114
     optimizer.step()
+os.makedirs("out", exist_ok=True)
+os.chdir("out")  # a script may change folder: the report still lands, and names paths, from where it started
 print("trained")
