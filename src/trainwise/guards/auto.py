@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import os
 import sys
 import warnings
@@ -104,7 +105,10 @@ class _Root:
     """A root model and its guards (weakly held: a guard lives as long as the hooks on its model do, so a
     model the script drops is freed with its guard); where it was first called and first stepped."""
 
+    _serials = itertools.count()
+
     def __init__(self, model: nn.Module, place: Place | None) -> None:
+        self.serial = next(self._serials)  # unlike id(), never given to another root
         self.model = weakref.ref(model_layers(model)[-1])  # the user's module, inside DDP or compile
         self.outer = weakref.ref(model)
         self.guards: list[weakref.ref[Guard]] = []
@@ -281,10 +285,8 @@ class AutoGuard:
     def _attach(self, root: _Root, module: nn.Module, optimizer: Any, codes: list[str]) -> None:
         if not codes:
             return
-        root_id = id(root)
-
         def found(finding: GuardFinding) -> None:
-            self._found(root, root_id, finding)
+            self._found(root, finding)
 
         guard = Guard(module, optimizer, action="record", checks=codes, on_finding=found,
                       check_every=self.check_every)
@@ -344,8 +346,8 @@ class AutoGuard:
 
     # -- findings ------------------------------------------------------------------------------------
 
-    def _found(self, root: _Root, root_id: int, finding: GuardFinding) -> None:
-        key = (root_id, finding.code, finding.where)
+    def _found(self, root: _Root, finding: GuardFinding) -> None:
+        key = (root.serial, finding.code, finding.where)
         if key in self._seen:
             return
         self._seen.add(key)
