@@ -151,3 +151,28 @@ def test_a_compiled_model_is_guarded_without_changing_what_it_computes():
     assert guarded == plain
     assert not [w for w in caught if "global hooks" in str(w.message)]  # torch's warning about our hooks: silenced
     assert [f.code for f in auto.findings] == ["TW105"]
+
+
+SHARED = """
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+encoder_opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+decoder_opt = torch.optim.Adam(model[2].parameters(), lr=0.1)
+for _ in range(3):
+    decoder_opt.zero_grad()
+    F.cross_entropy(model(torch.randn(4, 3)), torch.tensor([0, 1, 0, 1])).backward()
+    encoder_opt.step()  # encoder_opt is never zeroed: TW105
+    decoder_opt.step()
+"""
+
+
+def test_two_optimizers_of_one_model_both_guarded_without_a_false_coverage_finding():
+    auto = AutoGuard().install()
+    try:
+        exec(compile(SHARED, "<shared>", "exec"), {"__name__": "__main__"})  # module-level code, as in a script
+    finally:
+        auto.close()
+    assert [(f.code, f.finding.where, f.place.line) for f in auto.findings] == [("TW105", "SGD", 12)]

@@ -271,7 +271,10 @@ class AutoGuard:
         self._roots = [r for r in self._roots if r.model() is not None]  # the dropped models' roots go
         self._roots.append(root)
         before = set(module._forward_pre_hooks)
-        self._attach(root, module, optimizers[0] if optimizers else None, self.codes)
+        # with two optimizers sharing the model (an encoder's and a decoder's), each holds only part of its
+        # parameters: TW107's "trainable parameters in no group" would be false, so it is left out
+        codes = self.codes if len(optimizers) < 2 else [c for c in self.codes if c != "TW107"]
+        self._attach(root, module, optimizers[0] if optimizers else None, codes)
         for optimizer in optimizers[1:]:
             self._attach(root, module, optimizer, self.step_codes)
         # hooks registered now run from this call's forward hook on, not its pre-hooks: run those for it
