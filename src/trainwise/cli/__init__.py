@@ -21,7 +21,7 @@ EXIT_INTERRUPTED = 130
 
 # One module per subcommand, each with register(subparsers); imported lazily so that no subcommand's
 # dependencies (torch above all) load before they are needed.
-SUBCOMMANDS = ("demo", "fit", "export", "ckpt", "doctor", "lab")
+SUBCOMMANDS = ("demo", "fit", "export", "ckpt", "doctor", "lab", "run")
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,0 +1,161 @@
+"""``trainwise run SCRIPT [ARGS...]`` (or ``-m MODULE``): run a script as ``python`` would, with the runtime guards
+on every model and optimizer it uses, after the doctor has read it.
+
+The script runs in this process: ``__name__ == "__main__"``, ``sys.argv``, ``sys.path[0]`` (the script's folder,
+symlinks resolved, or the current folder with ``-m``), stdin and stdout as ``python SCRIPT ARGS`` has them, and
+its exit status (an uncaught exception prints its traceback through ``sys.excepthook`` and exits 1). Everything
+trainwise says goes to stderr (or to ``--output``). Under torchrun every rank is guarded and the local rank 0
+reports for all (docs/run.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "run",
+        help="run a training script unchanged, with the runtime guards on every model and optimizer",
+        description="Run SCRIPT (or -m MODULE) with ARGS as python would, after the doctor has read it, with the "
+        "runtime guards on every model and optimizer it uses; report each finding with the script's line, and a "
+        "summary at exit. trainwise's options go before SCRIPT; everything after it is the script's. Exit with "
+        "the script's status, or 1 with --fail-on when a finding matches (docs/run.md).",
+    )
+    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...",
+                        help="run a module as `python -m MODULE ...` does (the rest of the line is its arguments)")
+    parser.add_argument("--format", choices=("text", "json", "sarif", "github"), default="text",
+                        help="the report at exit (default text: a table); json, sarif and github as the doctor's")
+    parser.add_argument("--output", metavar="FILE", help="write the report at exit to FILE instead of stderr")
+    parser.add_argument("--select", action="append", default=None, metavar="CODES",
+                        help="only these codes or prefixes, comma-separated (TW102,TW11), static and run time")
+    parser.add_argument("--ignore", action="append", default=None, metavar="CODES",
+                        help="leave out these codes or prefixes, comma-separated")
+    parser.add_argument("--fail-on", action="append", default=None, metavar="CODES",
+                        help="exit 1 when a finding (static or at run time) has one of these codes or prefixes, "
+                        "or any with 'any', though the script succeeded")
+    parser.add_argument("--no-doctor", action="store_true", help="do not run the doctor on the script first")
+    parser.add_argument("--check-every", type=int, default=50, metavar="N",
+                        help="read the device-side checks every N optimizer steps (default 50) and at exit")
+    parser.add_argument("script", nargs="?", metavar="SCRIPT", help="the Python file to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainwise.cli import run_report
+    from trainwise.errors import TrainwiseError, printable
+
+    if args.module is not None:
+        if not args.module:
+            raise TrainwiseError("-m needs a module name, as in `trainwise run -m package.train --epochs 3`.")
+        target, script_args, is_module = args.module[0], args.module[1:], True
+    elif args.script is None:
+        raise TrainwiseError("name the script to run, as in `trainwise run train.py --epochs 3`.")
+    else:
+        target, script_args, is_module = args.script, args.args, False
+        if not os.path.exists(target):
+            raise TrainwiseError(f"{printable(target)} does not exist; check the path.")
+    if args.check_every < 1:
+        raise TrainwiseError(f"--check-every must be a positive integer, got {args.check_every}.")
+    selection = run_report.Selection.parse(select=args.select, ignore=args.ignore, fail_on=args.fail_on)
+    ranks = run_report.Ranks.from_environment()
+    source = _source_file(target) if is_module else target
+    static = []
+    if not args.no_doctor and source is not None and ranks.reports:
+        static = run_report.static_findings(source, selection)
+    report = run_report.RunReport(selection, static, ranks, fmt=args.format, output=args.output, target=target)
+    report.before_run()
+
+    from trainwise.guards.auto import AutoGuard
+
+    auto = AutoGuard(codes=selection.guard_codes(), on_finding=report.live, check_every=args.check_every,
+                     stop_at=_execute.__code__)
+    status = _execute(target, script_args, is_module=is_module, auto=auto)
+    auto.close()
+    return report.after_run(auto.findings, status)
+
+
+def _source_file(module: str) -> str | None:
+    """The .py file ``python -m module`` would run (its ``__main__.py`` for a package), without running it."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(f"{module}.__main__")
+    except (ImportError, ValueError):
+        return None
+    origin = spec.origin if spec is not None else None
+    return origin if origin and origin.endswith(".py") else None
+
+
+def _execute(target: str, argv: list[str], *, is_module: bool, auto: Any) -> int:
+    """Run the script or module as ``__main__`` with the guards on; its exit status as python gives it."""
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    launcher = os.path.dirname(os.path.realpath(sys.argv[0])) if sys.argv and sys.argv[0] else None
+    first = os.getcwd() if is_module else os.path.dirname(os.path.realpath(target))
+    if sys.path and launcher and os.path.realpath(sys.path[0] or ".") == launcher:
+        sys.path[0] = first  # the console script's folder is where python puts the script's
+    else:
+        sys.path.insert(0, first)
+    sys.argv = [target, *argv]
+    auto.install()
+    try:
+        if is_module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        elif os.path.isfile(target):
+            _run_file(target)
+        else:  # a folder or zip file with a __main__.py
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        return _exit_status(exc.code)
+    except BaseException as exc:  # what python prints for an uncaught exception, from the script's frames on
+        sys.stdout.flush()
+        exc.__traceback__ = _user_traceback(exc.__traceback__)
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path + [p for p in sys.path if p not in saved_path]
+    return 0
+
+
+def _run_file(path: str) -> None:
+    """Run a .py file as python runs its script: a fresh ``__main__`` module (kept in ``sys.modules``, so that
+    what it defines pickles, as under python), ``__file__`` and code names absolute, ``sys.argv[0]`` as given."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    absolute = os.path.abspath(path)
+    with open(absolute, "rb") as fh:  # bytes: compile() reads the encoding cookie as python does
+        source = fh.read()
+    code = compile(source, absolute, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=absolute, __builtins__=builtins, __cached__=None, __annotations__={},
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", absolute))
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+
+
+def _exit_status(code: Any) -> int:
+    """What ``sys.exit(code)`` makes the process exit with: 0 for None, the number, else 1 after printing it."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _user_traceback(tb: Any) -> Any:
+    """The traceback without this module's and runpy's frames, as python shows a script's."""
+    skipped = (os.path.abspath(runpy.__file__), os.path.abspath(__file__), "<frozen runpy>")
+    while tb is not None and tb.tb_frame.f_code.co_filename in skipped:
+        tb = tb.tb_next
+    return tb

@@ -1,0 +1,410 @@
+"""Guards on every model and optimizer a process uses, through torch's global hooks: what ``trainwise run`` puts
+around an unchanged script.
+
+A module called while no other module's forward runs is a root model. The first time one is seen, a
+:class:`~trainwise.guards.core.Guard` is attached to it, paired with the optimizer that holds its parameters (one
+found in the calling frames, or the first to step). Every check is the guard's own: this module only finds the
+objects and says where in the user's code each finding happened (the innermost frame outside torch and trainwise).
+A nested module call costs one global pre-hook and one global forward hook that return at once; an optimizer
+already seen costs one dictionary look-up per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import itertools
+import os
+import sys
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from types import CodeType, FrameType
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from trainwise.guards.check import Check
+from trainwise.guards.core import Guard, GuardFinding
+from trainwise.guards.registry import check_classes
+from trainwise.wrappers import model_layers, optimizer_layers
+
+
+def _package_dir(module: Any) -> str:
+    return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+
+
+_TORCH_DIR = _package_dir(torch)
+_TRAINWISE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_RUNPY = os.path.abspath(sys.modules["runpy"].__file__) if "runpy" in sys.modules else "runpy.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """A line of the user's code: its file (absolute) and line number."""
+
+    path: str
+    line: int
+
+    def shown(self) -> str:
+        """``path:line``, the path relative to the current folder when it lies inside it."""
+        return f"{shown_path(self.path)}:{self.line}"
+
+
+def _start_folder() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # the folder was removed
+        return None
+
+
+_START_FOLDER = _start_folder()  # the current folder when trainwise started: a script may change it
+
+
+def absolute_path(path: str) -> str:
+    """``path`` made absolute from the folder trainwise started in."""
+    return os.path.normpath(os.path.join(_START_FOLDER or os.getcwd(), path))
+
+
+def shown_path(path: str) -> str:
+    """``path`` relative to the folder trainwise started in when it lies inside it, else as it is."""
+    if _START_FOLDER is None:
+        return path
+    try:
+        relative = os.path.relpath(path, _START_FOLDER)
+    except ValueError:  # another drive (Windows)
+        return path
+    return path if relative.startswith("..") else relative
+
+
+@dataclasses.dataclass(frozen=True)
+class LocatedFinding:
+    """A guard's finding and the line of the user's code where it happened (None when no line is known)."""
+
+    finding: GuardFinding
+    place: Place | None
+
+    @property
+    def code(self) -> str:
+        return self.finding.code
+
+
+_COMPILE_WARNING = "Using `torch.compile\\(module\\)` when there are global hooks"
+
+# codes whose finding happened at the model's evaluation forward, whenever the check can tell
+_AT_EVALUATION = frozenset({"TW104"})
+
+
+def _overrides(cls: type[Check], *names: str) -> bool:
+    return any(getattr(cls, name) is not getattr(Check, name) for name in names)
+
+
+class _Root:
+    """A root model and its guards (weakly held: a guard lives as long as the hooks on its model do, so a
+    model the script drops is freed with its guard); where it was first called and first stepped."""
+
+    _serials = itertools.count()
+
+    def __init__(self, model: nn.Module, place: Place | None) -> None:
+        self.serial = next(self._serials)  # unlike id(), never given to another root
+        self.model = weakref.ref(model_layers(model)[-1])  # the user's module, inside DDP or compile
+        self.outer = weakref.ref(model)
+        self.guards: list[weakref.ref[Guard]] = []
+        self.optimizers: list[weakref.ref[Any]] = []  # the torch optimizers its guards hold, in order
+        self.forward_place = place
+        self.step_place: Place | None = None
+        self.eval_place: Place | None = None  # its first forward in eval mode with autograd on
+
+    def live_guards(self) -> list[Guard]:
+        return [g for ref in self.guards if (g := ref()) is not None]
+
+
+class AutoGuard:
+    """Guards every root model of the process and the optimizer that trains it, until :meth:`close`.
+
+    >>> auto = AutoGuard(on_finding=print).install()   # then run any training code, unchanged
+    >>> auto.close()                                    # last checks; auto.findings lists them all
+
+    ``codes``: the guard codes to run (all when None). ``stop_at``: the code object of the function that runs
+    the user's code (frames outside it are not the user's). Findings are kept once per code and place.
+    """
+
+    def __init__(
+        self,
+        *,
+        codes: list[str] | None = None,
+        on_finding: Callable[[LocatedFinding], None] | None = None,
+        check_every: int = 50,
+        stop_at: CodeType | None = None,
+    ) -> None:
+        self.classes = check_classes(codes)
+        self.codes = [cls.code for cls in self.classes]
+        # the checks a second optimizer of the same model runs: those of the step (coverage left out: another
+        # optimizer holding the model's other parameters is no mistake)
+        self.step_codes = [c.code for c in self.classes if _overrides(c, "before_step", "after_step")
+                           and c.code != "TW107"]
+        self.on_finding = on_finding
+        self.check_every = check_every
+        self.stop_at = stop_at
+        self.findings: list[LocatedFinding] = []
+        self._by_place: dict[tuple[str, Place | None], LocatedFinding] = {}
+        self._seen: set[tuple[int, str, str]] = set()  # (root, code, where): a replaced guard says it again
+        self._modules: dict[int, tuple[weakref.ref[nn.Module], _Root | None]] = {}  # None: not a root
+        self._roots: list[_Root] = []
+        self._optimizers: dict[int, tuple[weakref.ref[Any], weakref.ref[Any]]] = {}  # inner -> (inner, given)
+        self._stepped: dict[int, weakref.ref[Any]] = {}  # the optimizers that have stepped
+        self._skip: dict[str, bool] = {}  # file name -> not the user's
+        self._handles: list[Any] = []
+        self._running: list[Any] = [None, 0]  # the root module whose forward runs, its re-entries
+
+    # -- hooks ---------------------------------------------------------------------------------------
+
+    def install(self) -> AutoGuard:
+        """Register the global hooks (module forwards, optimizer steps)."""
+        running, known = self._running, self._modules
+        # inside a torch.compile region the hooks are traced: they return before reading any state of theirs, so
+        # that the graph holds nothing of them and gets no break (one call each in eager mode)
+        compiling = torch.compiler.is_compiling
+
+        def pre(module: nn.Module, args: tuple[Any, ...]) -> None:
+            if compiling():
+                return None
+            top = running[0]
+            if top is not None:  # a nested call: the fast path
+                if module is top:
+                    running[1] += 1
+                return None
+            running[0] = module
+            entry = known.get(id(module))
+            if entry is None or entry[0]() is not module:
+                self._discover(module, args)
+            elif (not module.training and entry[1] is not None and entry[1].eval_place is None
+                  and torch.is_grad_enabled()):  # the first evaluation with autograd on: where TW104 happens
+                entry[1].eval_place = self._place()
+            return None
+
+        def post(module: nn.Module, args: Any, output: Any) -> None:
+            if compiling():
+                return None
+            if module is running[0]:
+                if running[1]:
+                    running[1] -= 1
+                else:
+                    running[0] = None
+            return None
+
+        stepped = self._stepped
+
+        def step_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if compiling():
+                return None
+            ref = stepped.get(id(optimizer))
+            if ref is None or ref() is not optimizer:
+                self._new_optimizer(optimizer)
+            return None
+
+        # torch warns, on each torch.compile'd module's call, that global hooks fire for it too: they are ours,
+        # and they expect it
+        warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
+        self._handles = [
+            nn.modules.module.register_module_forward_pre_hook(pre),
+            nn.modules.module.register_module_forward_hook(post, always_call=True),
+            register_optimizer_step_pre_hook(step_pre),
+        ]
+        return self
+
+    def close(self) -> None:
+        """Run every guard's last checks, remove every hook; the findings stay in ``findings``."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        warnings.filters[:] = [f for f in warnings.filters if f[1] is None or f[1].pattern != _COMPILE_WARNING]
+        for root in self._roots:
+            for guard in reversed(root.live_guards()):  # the last installed first: zero_grad spies unwind
+                guard.close()
+        self._roots = []
+        self._modules.clear()
+        self._optimizers.clear()
+        self._stepped.clear()
+
+    # -- roots and optimizers ------------------------------------------------------------------------
+
+    def _live_roots(self) -> Iterator[tuple[_Root, nn.Module]]:
+        for root in self._roots:
+            model = root.model()
+            if model is not None and root.live_guards():
+                yield root, model
+
+    def _discover(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        """A module called at the top: guard it if it is a new root with parameters. The user's code runs on
+        whatever happens here: a model the guard cannot take is said once and left unguarded."""
+        self._modules[id(module)] = (_forgetting(self._modules, module), None)
+        try:
+            self._guard_root(module, args)
+        except Exception as exc:  # never the script's failure (nor a warning a filter could make one)
+            _say(f"trainwise: could not guard a {type(module).__name__}, left unguarded: {exc}")
+
+    def _guard_root(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        user_model = model_layers(module)[-1]
+        if next(user_model.parameters(), None) is None:
+            return  # a loss or activation module called on its own: nothing trains there
+        optimizers: list[Any] = []
+        for root, model in list(self._live_roots()):
+            if any(m is user_model for m in model.modules()) or any(m is module for m in model.modules()):
+                return  # a part of a guarded model (or the model itself), called on its own
+            if any(m is model for m in user_model.modules()):  # a new wrapper or a bigger model: it takes over
+                optimizers += [o for ref in root.optimizers if (o := ref()) is not None]
+                for guard in reversed(root.live_guards()):
+                    guard.close(check=False)
+                self._roots.remove(root)
+        place = self._place()
+        self._find_optimizers()
+        params = {id(p) for p in user_model.parameters()}
+        for inner_ref, given_ref in list(self._optimizers.values()):
+            inner = inner_ref()
+            if inner is not None and inner not in optimizers and _holds(inner, params):
+                optimizers.append(given_ref() or inner)
+        root = _Root(module, place)
+        self._modules[id(module)] = (_forgetting(self._modules, module), root)
+        self._roots = [r for r in self._roots if r.model() is not None]  # the dropped models' roots go
+        self._roots.append(root)
+        before = set(module._forward_pre_hooks)
+        # with two optimizers sharing the model (an encoder's and a decoder's), each holds only part of its
+        # parameters: TW107's "trainable parameters in no group" would be false, so it is left out
+        codes = self.codes if len(optimizers) < 2 else [c for c in self.codes if c != "TW107"]
+        self._attach(root, module, optimizers[0] if optimizers else None, codes)
+        for optimizer in optimizers[1:]:
+            self._attach(root, module, optimizer, self.step_codes)
+        # hooks registered now run from this call's forward hook on, not its pre-hooks: run those for it
+        for key in [k for k in module._forward_pre_hooks if k not in before]:
+            hook = module._forward_pre_hooks[key]
+            if key in module._forward_pre_hooks_with_kwargs:
+                hook(module, args, {})
+            else:
+                hook(module, args)
+
+    def _attach(self, root: _Root, module: nn.Module, optimizer: Any, codes: list[str]) -> None:
+        if not codes:
+            return
+        def found(finding: GuardFinding) -> None:
+            self._found(root, finding)
+
+        guard = Guard(module, optimizer, action="record", checks=codes, on_finding=found,
+                      check_every=self.check_every)
+        root.guards.append(weakref.ref(guard))
+        if guard.optimizer is not None:
+            root.optimizers.append(weakref.ref(guard.optimizer))
+            self._remember(guard.optimizer, optimizer)
+
+    def _remember(self, inner: Any, given: Any) -> None:
+        self._optimizers[id(inner)] = (_forgetting(self._optimizers, inner), weakref.ref(given))
+
+    def _find_optimizers(self) -> None:
+        """The optimizers the user's module-level code holds (a script's globals). A function's locals are not
+        read: in Python 3.11 reading ``frame.f_locals`` copies them into a dict the frame keeps, which would keep
+        a model the function then drops alive; such an optimizer is paired at its first step instead."""
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None and frame.f_code is not self.stop_at:
+            code = frame.f_code
+            if not code.co_flags & inspect.CO_OPTIMIZED and not self._skipped(code.co_filename):
+                for value in list(frame.f_globals.values()):
+                    if isinstance(value, torch.optim.Optimizer):
+                        inner = optimizer_layers(value)[-1]
+                        entry = self._optimizers.get(id(inner))
+                        if isinstance(inner, torch.optim.Optimizer) and (entry is None or entry[0]() is not inner):
+                            self._remember(inner, value)
+            frame = frame.f_back
+
+    def _new_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer stepping for the first time: pair it with the roots whose parameters it holds (unless
+        they already are), and note where it steps; one the guard cannot take is said once and left alone."""
+        self._stepped[id(optimizer)] = _forgetting(self._stepped, optimizer)
+        try:
+            self._pair(optimizer)
+        except Exception as exc:  # never the script's failure (nor a warning a filter could make one)
+            _say(f"trainwise: could not guard a {type(optimizer).__name__}, left unguarded: {exc}")
+
+    def _pair(self, optimizer: torch.optim.Optimizer) -> None:
+        entry = self._optimizers.get(id(optimizer))
+        if entry is None or entry[0]() is not optimizer:
+            self._remember(optimizer, optimizer)
+        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        place = self._place()
+        for root, model in list(self._live_roots()):
+            if not any(id(p) in params for p in model.parameters()):
+                continue
+            root.step_place = root.step_place or place
+            outer = root.outer()
+            if outer is None or any(ref() is optimizer for ref in root.optimizers):
+                continue
+            if not root.optimizers:  # guarded without an optimizer so far: the guard with one replaces it
+                for guard in reversed(root.live_guards()):
+                    guard.close(check=False)
+                root.guards = []
+                self._attach(root, outer, optimizer, self.codes)
+            else:
+                self._attach(root, outer, optimizer, self.step_codes)
+
+    # -- findings ------------------------------------------------------------------------------------
+
+    def _found(self, root: _Root, finding: GuardFinding) -> None:
+        key = (root.serial, finding.code, finding.where)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        place = root.eval_place if finding.code in _AT_EVALUATION and root.eval_place else self._place()
+        if place is None:  # found at the end, outside the user's code: where the model stepped or was called
+            steps = any(c.code == finding.code and _overrides(c, "before_step", "after_step") for c in self.classes)
+            place = (root.step_place or root.forward_place) if steps else (root.forward_place or root.step_place)
+        if (finding.code, place) in self._by_place:
+            return
+        located = LocatedFinding(finding, place)
+        self._by_place[(finding.code, place)] = located
+        self.findings.append(located)
+        if self.on_finding is not None:
+            self.on_finding(located)
+
+    def _skipped(self, filename: str) -> bool:
+        skip = self._skip.get(filename)
+        if skip is None:
+            skip = self._skip[filename] = (
+                filename.startswith((_TORCH_DIR, _TRAINWISE_DIR, "<frozen")) or os.path.abspath(filename) == _RUNPY)
+        return skip
+
+    def _place(self) -> Place | None:
+        """The innermost frame of the user's code on the stack (inside ``stop_at`` when given), or None."""
+        frame: FrameType | None = sys._getframe(1)
+        found: Place | None = None
+        while frame is not None:
+            code = frame.f_code
+            if code is self.stop_at:
+                return found
+            if found is None and not self._skipped(code.co_filename):
+                found = Place(os.path.abspath(code.co_filename), frame.f_lineno)
+                if self.stop_at is None:
+                    return found
+            frame = frame.f_back
+        return None if self.stop_at is not None else found
+
+
+def _forgetting(table: dict[int, Any], value: Any) -> weakref.ref[Any]:
+    """A weak reference to ``value`` that removes its entry (keyed by ``id``) from ``table`` when it dies, unless
+    the id has been given to a new object since."""
+    key = id(value)
+
+    def forget(ref: weakref.ref[Any]) -> None:
+        entry = table.get(key)
+        if entry is ref or (isinstance(entry, tuple) and entry[0] is ref):
+            del table[key]
+
+    return weakref.ref(value, forget)
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
+
+
+def _holds(optimizer: torch.optim.Optimizer, params: set[int]) -> bool:
+    return any(id(p) in params for group in optimizer.param_groups for p in group["params"])

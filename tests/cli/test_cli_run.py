@@ -1,0 +1,173 @@
+"""``trainwise run``: real, unchanged scripts run in a subprocess as ``python`` runs them, with every mistake the
+runtime guards catch reported with its code and the script's line, and nothing said about a clean script."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "run_scripts"
+RUN = [sys.executable, "-m", "trainwise", "run"]
+TIMEOUT = 120
+EXPECTED = ("TW102", "TW103", "TW104", "TW105", "TW108", "TW109", "TW113", "TW114")
+
+
+def _marked_lines(path: Path) -> dict[str, int]:
+    """``{"TW102": 22, ...}``: the line of each ``# TWxxx`` marker."""
+    found = {}
+    for number, text in enumerate(path.read_text().splitlines(), start=1):
+        match = re.search(r"# (TW\d{3})$", text)
+        if match:
+            found[match.group(1)] = number
+    return found
+
+
+def test_each_mistake_is_reported_with_its_code_at_the_scripts_line(tmp_path):
+    script = tmp_path / "train.py"
+    shutil.copy(SCRIPTS / "mistakes.py", script)
+    lines = _marked_lines(script)
+    assert sorted(lines) == list(EXPECTED)
+    proc = subprocess.run([*RUN, "--format", "json", "--output", "report.json", "train.py"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "trained\n"  # the script's own output, untouched
+    said = re.findall(r"^trainwise run: train\.py:(\d+): (TW\d{3}) ", proc.stderr, re.MULTILINE)
+    assert sorted((code, int(line)) for line, code in said) == sorted(lines.items()), proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    seen = {entry["code"]: entry for entry in report if "run_line" in entry}
+    assert {code: entry["run_line"] for code, entry in seen.items()} == lines
+    assert all(entry["path"] == "train.py" for entry in report)
+    # the doctor's findings come first, and the run confirms them: TW105 at the very line, the others where the
+    # doctor names the cause (`total += loss`, `with torch.autocast`, `self.blocks = [...]`)
+    static = re.findall(r"^trainwise run: doctor: train\.py:(\d+):\d+: (TW\d{3}) ", proc.stderr, re.MULTILINE)
+    assert {code for _, code in static} == {"TW102", "TW105", "TW109", "TW114"}
+    assert proc.stderr.index("doctor:") < proc.stderr.index(f"train.py:{lines['TW102']}: TW102")
+    assert {e["code"]: e["found"] for e in report if e["found"] == "both"} == {
+        "TW102": "both", "TW105": "both", "TW109": "both", "TW114": "both"}
+    assert seen["TW105"]["line"] == seen["TW105"]["run_line"] == lines["TW105"]
+    assert not [e for e in report if e["found"] == "static"]
+
+
+CLEAN = '''\
+"""A correct loop: it must run under `trainwise run` exactly as under python."""
+import os
+import sys
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.1), nn.ReLU(), nn.Linear(8, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+losses = []
+for step in range(4):
+    model.train()
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    losses.append(loss.item())
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(x).argmax(1) == y).float().mean().item()
+with open(sys.argv[1], "w") as fh:
+    fh.write(" ".join(f"{v:.6f}" for v in losses) + f" {accuracy:.4f}\\n")
+print(__name__, sys.argv, sys.path[0] == os.path.dirname(os.path.realpath(__file__)), __file__)
+print("stdin:", sys.stdin.read().strip())
+sys.exit(int(sys.argv[2]))
+'''
+
+
+def test_a_clean_script_runs_as_python_runs_it_and_reports_nothing(tmp_path):
+    (tmp_path / "clean.py").write_text(CLEAN)
+    ours = subprocess.run([*RUN, "clean.py", "ours.txt", "3"], cwd=tmp_path, input="hello\n",
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    python = subprocess.run([sys.executable, "clean.py", "python.txt", "3"], cwd=tmp_path, input="hello\n",
+                            capture_output=True, text=True, timeout=TIMEOUT)
+    assert (ours.returncode, python.returncode) == (3, 3), ours.stderr
+    assert ours.stdout == python.stdout.replace("python.txt", "ours.txt")
+    assert "__main__ ['clean.py', 'ours.txt', '3'] True" in ours.stdout and "stdin: hello" in ours.stdout
+    assert (tmp_path / "ours.txt").read_text() == (tmp_path / "python.txt").read_text()
+    assert python.stderr == ""
+    assert ours.stderr == "trainwise run: clean.py: no problems found, statically or at run time.\n"
+
+
+ENDINGS = {
+    "exception": ('def fail():\n    raise ValueError("no data")\nprint("before")\nfail()\n', 1),
+    "exit message": ('import sys\nsys.exit("stopped: no data")\n', 1),
+    "exit code": ('import sys\nprint("out")\nsys.exit(7)\n', 7),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_the_scripts_ending_is_pythons(tmp_path, ending):
+    source, status = ENDINGS[ending]
+    (tmp_path / "end.py").write_text(source)
+    ours = subprocess.run([*RUN, "--no-doctor", "end.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    python = subprocess.run([sys.executable, "end.py"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert ours.returncode == python.returncode == status
+    assert ours.stdout == python.stdout
+    # python's traceback or message, the same lines (the script's frames only), then trainwise's report
+    assert ours.stderr.startswith(python.stderr), ours.stderr
+    assert "trainwise/cli" not in ours.stderr and "runpy" not in ours.stderr
+
+
+@pytest.mark.slow
+def test_module_mode_and_fail_on(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text(
+        "import sys\nimport torch\n\nmodel = torch.nn.Linear(2, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n    model(torch.ones(4, 2)).sum().backward()\n    optimizer.step()\n"
+        "print(__name__, sys.argv[1:])\n")
+    proc = subprocess.run([*RUN, "--fail-on", "TW105", "-m", "pkg.train", "--lr", "3"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.stdout == "__main__ ['--lr', '3']\n"
+    assert "pkg/train.py:8: TW105" in proc.stderr
+    assert proc.returncode == 1  # the script succeeded; --fail-on TW105 matched
+    ignored = subprocess.run([*RUN, "--ignore", "TW105", "--fail-on", "any", "-m", "pkg.train"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=TIMEOUT)
+    assert ignored.returncode == 0, ignored.stderr
+    assert "TW105" not in ignored.stderr
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["missing.py"], "missing.py does not exist"),
+    (["--select", "TW999", "x.py"], "--select: 'TW999' matches no rule or guard"),
+    ([], "name the script to run"),
+])
+def test_usage_errors_are_one_line_and_exit_2(tmp_path, argv, says):
+    (tmp_path / "x.py").write_text("")
+    proc = subprocess.run([*RUN, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 2
+    assert says in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (Path(sys.executable).parent / "trainwise").exists(), reason="no trainwise console script")
+def test_the_console_script_puts_the_scripts_folder_first_on_sys_path(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "helper.py").write_text("NAME = 'helper beside the script'\n")
+    (tmp_path / "sub" / "show.py").write_text(
+        "import sys\nimport helper\nprint(sys.path[0], helper.NAME, sys.argv)\n")
+    console = str(Path(sys.executable).parent / "trainwise")
+    ours = subprocess.run([console, "run", "--no-doctor", "sub/show.py", "x"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    python = subprocess.run([sys.executable, "sub/show.py", "x"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert ours.returncode == python.returncode == 0, ours.stderr
+    assert ours.stdout == python.stdout == f"{tmp_path / 'sub'} helper beside the script ['sub/show.py', 'x']\n"

@@ -1,0 +1,178 @@
+"""``AutoGuard``: a Guard on every root model of the process and its optimizer, found through torch's global hooks,
+with each finding placed at the caller's line; nothing kept alive, nothing left behind."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import warnings
+import weakref
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.modules import module as module_hooks
+
+from trainwise.guards.auto import AutoGuard
+
+
+def _here() -> int:
+    return sys._getframe(1).f_lineno
+
+
+def _step(model: nn.Module, optimizer: torch.optim.Optimizer, *, zero: bool = True) -> None:
+    if zero:
+        optimizer.zero_grad()
+    F.cross_entropy(model(torch.randn(4, 3)), torch.tensor([0, 1, 0, 1])).backward()
+    optimizer.step()
+
+
+def test_an_optimizer_made_after_the_first_forward_is_paired_at_its_first_step():
+    found = []
+    auto = AutoGuard(on_finding=found.append).install()
+    try:
+        model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+        model(torch.randn(2, 3))  # guarded without an optimizer: none exists yet
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            F.cross_entropy(model(torch.randn(4, 3)), torch.tensor([0, 1, 0, 1])).backward()
+            optimizer.step(); line = _here()  # noqa: E702
+    finally:
+        auto.close()
+    assert [(f.code, f.place.line) for f in found] == [("TW105", line)]
+    assert found[0].place.path == __file__
+
+
+def test_only_root_models_are_guarded_and_a_part_called_alone_is_not_a_new_root():
+    auto = AutoGuard().install()
+    try:
+        model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss_fn = nn.CrossEntropyLoss()  # called at the top too, but it has no parameters
+        for _ in range(2):
+            optimizer.zero_grad()
+            loss_fn(model(torch.randn(4, 3)), torch.tensor([0, 1, 0, 1])).backward()
+            optimizer.step()
+        model[0](torch.randn(2, 3))
+        assert len(auto._roots) == 1
+        guard = auto._roots[0].live_guards()[0]
+        assert guard.model is model and guard.optimizer is optimizer
+        assert not model[0]._forward_pre_hooks and not model[2]._forward_hooks  # the submodules: no hooks
+        # a bigger model holding the guarded one takes over, with its optimizer
+        bigger = nn.Sequential(model, nn.Linear(2, 2))
+        bigger(torch.randn(2, 3))
+        assert len(auto._roots) == 1 and auto._roots[0].live_guards()[0].optimizer is optimizer
+    finally:
+        auto.close()
+    # true: the bigger model's new layer is in no optimizer group (said once the guard on it closes)
+    assert [(f.code, f.finding.where) for f in auto.findings] == [("TW107", "1.weight")]
+
+
+def test_close_removes_every_hook_and_a_dropped_model_is_freed():
+    pre, post = len(module_hooks._global_forward_pre_hooks), len(module_hooks._global_forward_hooks)
+    auto = AutoGuard().install()
+    try:
+        model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        _step(model, optimizer)
+        dropped = weakref.ref(model), weakref.ref(optimizer)
+        del model, optimizer
+        gc.collect()
+        assert dropped[0]() is None and dropped[1]() is None  # nothing of the guard keeps them alive
+        assert not auto._modules and not auto._optimizers and not auto._stepped  # nor their entries
+        assert auto._roots[0].model() is None
+        kept = nn.Linear(3, 2)
+        kept_optimizer = torch.optim.SGD(kept.parameters(), lr=0.1)
+        _step(kept, kept_optimizer)
+        assert len(auto._roots) == 1 and auto._roots[0].model() is kept  # the dropped model's root is gone
+    finally:
+        auto.close()
+    assert (len(module_hooks._global_forward_pre_hooks), len(module_hooks._global_forward_hooks)) == (pre, post)
+    assert not kept._forward_pre_hooks and not kept._forward_hooks
+    assert not kept_optimizer._optimizer_step_pre_hooks and "zero_grad" not in vars(kept_optimizer)
+
+
+def test_two_models_each_get_their_own_guard_and_optimizer():
+    auto = AutoGuard().install()
+    try:
+        generator, critic = nn.Linear(3, 3), nn.Linear(3, 2)
+        g_opt = torch.optim.SGD(generator.parameters(), lr=0.1)
+        c_opt = torch.optim.SGD(critic.parameters(), lr=0.1)
+        for _ in range(3):
+            g_opt.zero_grad()
+            c_opt.zero_grad()
+            F.cross_entropy(critic(generator(torch.randn(4, 3))), torch.tensor([0, 1, 0, 1])).backward()
+            g_opt.step()
+            c_opt.step()
+        pairs = {(type(r.model()).__name__, id(g.optimizer)) for r in auto._roots for g in r.live_guards()}
+    finally:
+        auto.close()
+    assert pairs == {("Linear", id(g_opt)), ("Linear", id(c_opt))}
+    assert auto.findings == []
+
+
+def test_a_model_that_cannot_be_guarded_is_said_once_and_the_code_runs_on(monkeypatch, capsys):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("an exotic model")
+
+    monkeypatch.setattr(AutoGuard, "_attach", refuse)
+    auto = AutoGuard().install()
+    try:
+        model = nn.Linear(3, 2)
+        outputs = [model(torch.ones(1, 3)) for _ in range(2)]
+    finally:
+        auto.close()
+    assert torch.equal(outputs[0], outputs[1])
+    assert capsys.readouterr().err == "trainwise: could not guard a Linear, left unguarded: an exotic model\n"
+
+
+@pytest.mark.slow
+def test_a_compiled_model_is_guarded_without_changing_what_it_computes():
+    def train() -> float:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+        compiled = torch.compile(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+        for _ in range(3):
+            F.cross_entropy(compiled(x), y).backward()  # never zeroed: TW105
+            optimizer.step()
+        return F.cross_entropy(model(x), y).item()
+
+    plain = train()
+    torch._dynamo.reset()
+    auto = AutoGuard().install()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            guarded = train()
+    finally:
+        auto.close()
+    assert guarded == plain
+    assert not [w for w in caught if "global hooks" in str(w.message)]  # torch's warning about our hooks: silenced
+    assert [f.code for f in auto.findings] == ["TW105"]
+
+
+SHARED = """
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+encoder_opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+decoder_opt = torch.optim.Adam(model[2].parameters(), lr=0.1)
+for _ in range(3):
+    decoder_opt.zero_grad()
+    F.cross_entropy(model(torch.randn(4, 3)), torch.tensor([0, 1, 0, 1])).backward()
+    encoder_opt.step()  # encoder_opt is never zeroed: TW105
+    decoder_opt.step()
+"""
+
+
+def test_two_optimizers_of_one_model_both_guarded_without_a_false_coverage_finding():
+    auto = AutoGuard().install()
+    try:
+        exec(compile(SHARED, "<shared>", "exec"), {"__name__": "__main__"})  # module-level code, as in a script
+    finally:
+        auto.close()
+    assert [(f.code, f.finding.where, f.place.line) for f in auto.findings] == [("TW105", "SGD", 12)]
