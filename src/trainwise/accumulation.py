@@ -153,7 +153,8 @@ class GradientAccumulator:
         reduction: Literal["mean", "sum"] = "mean",
     ) -> None:
         """Backpropagate one micro-batch loss that averages (or sums) over ``count`` items."""
-        loss = check_loss(loss)
+        if type(loss) is not torch.Tensor or loss.dim() or not loss.requires_grad:  # checked only when unusual
+            loss = check_loss(loss)
         if reduction not in ("mean", "sum"):
             raise TrainwiseError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
         if isinstance(count, torch.Tensor):
@@ -163,7 +164,11 @@ class GradientAccumulator:
         if self._expected is None:
             self._expected = self._window_expected(count)
         # The micro-batch's summed loss over ``expected``: its gradient adds up exactly across micro-batches.
-        weight = _ratio(count if reduction == "mean" else 1, self._expected)
+        numerator, expected = count if reduction == "mean" else 1, self._expected
+        if isinstance(numerator, torch.Tensor) or isinstance(expected, torch.Tensor):
+            weight = _ratio(numerator, expected)
+        else:  # host numbers, the common case: no helper call on every step
+            weight = numerator / expected
         if isinstance(weight, torch.Tensor):
             total = loss * weight.to(torch.promote_types(loss.dtype, torch.float32))
         else:

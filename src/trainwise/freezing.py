@@ -281,8 +281,89 @@ def param_groups(
     return list(groups.values())
 
 
+_NO_DECAY = " (no decay)"  # the suffix of a group without weight decay
+
+
 def _group_name(pattern: str | None, decay: bool) -> str:
-    return f"{pattern or 'default'}{'' if decay else ' (no decay)'}"
+    return f"{pattern or 'default'}{'' if decay else _NO_DECAY}"
+
+
+_NOT_SETTINGS = ("params", "param_names", "group_name")
+
+
+def fold_equal_groups(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list[str]:
+    """Fold each no-decay group of :func:`trainwise.param_groups` into its decaying twin (same ``lr_by_pattern``
+    pattern) when the optimizer gave both the same settings: an optimizer without weight decay (torch's Adam,
+    SGD, RMSprop by default) updates them alike, and two groups only run its per-group step code twice. Only
+    torch's own optimizers (each parameter updated on its own) and before their first step; the parameters
+    keep the model's order. Returns the names of the groups folded away."""
+    if not type(optimizer).__module__.startswith("torch.optim.") or optimizer.state:
+        return []
+    groups = optimizer.param_groups
+    by_name = {group.get("group_name"): group for group in groups}
+    folded: list[str] = []
+    order = {param_name: i for i, (param_name, _) in enumerate(model.named_parameters())}
+    for group in list(groups):
+        name = group.get("group_name")
+        twin = by_name.get(name[: -len(_NO_DECAY)]) if isinstance(name, str) and name.endswith(_NO_DECAY) else None
+        if twin is None or not same_settings(group, twin) or "param_names" not in group or "param_names" not in twin:
+            continue
+        pairs = sorted([*zip(twin["param_names"], twin["params"]), *zip(group["param_names"], group["params"])],
+                       key=lambda pair: order.get(pair[0], len(order)))
+        twin["param_names"], twin["params"] = [n for n, _ in pairs], [p for _, p in pairs]
+        groups.remove(group)
+        folded.append(name)
+    return folded
+
+
+def same_settings(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two param groups hold equal settings (0 and 0.0 alike; a tensor lr is never compared)."""
+    keys = set(one) - set(_NOT_SETTINGS)
+    if keys != set(other) - set(_NOT_SETTINGS):
+        return False
+    for key in keys:
+        a, b = one[key], other[key]
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or a != b:
+            return False
+    return True
+
+
+def saved_groups_like(saved: Any, optimizer: torch.optim.Optimizer) -> tuple[Any, list[int] | None]:
+    """A saved optimizer state regrouped as ``optimizer``'s folded groups (:func:`fold_equal_groups`), and for
+    each live group the saved group whose per-group values it takes (for the scheduler's lists,
+    :func:`trainwise.schedulers.fold_schedule_state`): a checkpoint of a trainwise that did not fold holds a
+    no-decay group beside its twin with the same settings. Each saved group must land whole in one live group,
+    by parameter names, beside groups of the same settings; anything else (another layout, no names) comes back
+    as it is with None, for ``load_state_dict`` to judge."""
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    live = optimizer.param_groups
+    if not isinstance(groups, list) or len(groups) <= len(live) or not isinstance(saved.get("state"), dict):
+        return saved, None
+    if not all(isinstance(g, dict) and "param_names" in g and "params" in g for g in groups) or \
+            not all("param_names" in g for g in live):
+        return saved, None
+    home = {name: i for i, group in enumerate(live) for name in group["param_names"]}
+    landing: dict[int, list[int]] = {}
+    for number, group in enumerate(groups):
+        targets = {home.get(name) for name in group["param_names"]}
+        if len(targets) != 1 or None in targets:
+            return saved, None
+        landing.setdefault(targets.pop(), []).append(number)
+    if len(landing) != len(live) or not all(same_settings(groups[n], groups[ns[0]])
+                                            for ns in landing.values() for n in ns):
+        return saved, None
+    index = {name: i for group in groups for name, i in zip(group["param_names"], group["params"])}
+    state, regrouped, position = {}, [], 0
+    for i, group in enumerate(live):
+        params = []
+        for name in group["param_names"]:
+            if index[name] in saved["state"]:
+                state[position] = saved["state"][index[name]]
+            params.append(position)
+            position += 1
+        regrouped.append({**groups[landing[i][0]], "params": params, "param_names": list(group["param_names"]),
+                          "group_name": group.get("group_name")})
+    return {**saved, "state": state, "param_groups": regrouped}, [landing[i][0] for i in range(len(live))]
 
 
 def extend_optimizer(

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from trainwise.errors import TrainwiseError
-from trainwise.freezing import param_groups
+from trainwise.freezing import fold_equal_groups, param_groups
 from trainwise.guards.loss import check_optimizer_covers
 
 OptimizerArg = torch.optim.Optimizer | Callable[[list[Any]], torch.optim.Optimizer] | None
@@ -23,11 +23,13 @@ def build_optimizer(
     weight_decay: float = 0.01,
     lr_by_pattern: dict[str, float] | None = None,
     check_coverage: bool = True,
+    fold_groups: bool = True,
 ) -> torch.optim.Optimizer:
     """``optimizer`` itself, or a factory called with the trainable parameter groups (no weight decay on
     biases and norms, ``lr_by_pattern``), default AdamW (torch's fused kernel where every parameter allows it);
     a trainable parameter it misses is warned about (``check_coverage``; the runtime guard's TW107 says the same
-    when it runs)."""
+    when it runs). A factory's optimizer that gave the no-decay groups the same values as the others (it has no
+    weight decay) gets them folded back (:func:`fold_equal_groups`, unless ``fold_groups=False``)."""
     if not any(p.requires_grad for p in model.parameters()):
         raise TrainwiseError("the model has no trainable parameters; unfreeze some (requires_grad=True) before fit().")
     groups = param_groups(model, lr_by_pattern=lr_by_pattern)  # trainable only
@@ -46,6 +48,8 @@ def build_optimizer(
             raise TrainwiseError(
                 f"the optimizer factory returned a {type(optimizer).__name__}, not a torch optimizer."
             )
+        if fold_groups:
+            fold_equal_groups(optimizer, model)
     if check_coverage:
         check_optimizer_covers(model, optimizer)
     return optimizer

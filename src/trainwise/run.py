@@ -264,7 +264,8 @@ class _Builder:
         model, precision, notes = self._place_model(model)
         strategy, device = self.strategy, self.strategy.device
         optimizer = build_optimizer(model, trainer.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                    lr_by_pattern=cfg.lr_by_pattern, check_coverage=cfg.guards == "off")
+                                    lr_by_pattern=cfg.lr_by_pattern, check_coverage=cfg.guards == "off",
+                                    fold_groups=not strategy.sharded)  # FSDP's checkpoints keep their groups
         scheduler = build_scheduler(trainer.scheduler, optimizer)
         plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         train_loader, val_loader = self._loaders(model, train_data, val_data, device)

@@ -146,6 +146,26 @@ def _plateau_min(scheduler: Any, t: int) -> float:
     return scheduler.default_min_lr if scheduler.default_min_lr is not None else scheduler.min_lrs[t]
 
 
+# the per-group lists of torch's schedulers, as their state_dict() names them
+_PER_GROUP = ("base_lrs", "_last_lr", "_lr_lambdas", "min_lrs", "max_lrs", "base_momentums", "max_momentums")
+
+
+def fold_schedule_state(saved: Any, kept: list[int], groups: int) -> Any:
+    """A saved scheduler state whose per-group lists (of ``groups`` saved groups, nested schedulers' too) keep
+    only the entries ``kept``: the scheduler of an optimizer whose saved groups were folded
+    (:func:`trainwise.freezing.saved_groups_like`)."""
+    if not isinstance(saved, dict):
+        return saved
+    folded = dict(saved)
+    for key in _PER_GROUP:
+        values = folded.get(key)
+        if isinstance(values, list) and len(values) == groups:
+            folded[key] = [values[i] for i in kept]
+    if isinstance(folded.get("_schedulers"), list):  # SequentialLR, ChainedScheduler
+        folded["_schedulers"] = [fold_schedule_state(inner, kept, groups) for inner in folded["_schedulers"]]
+    return folded
+
+
 def join_schedule(plan: _Plan, scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
     """Extend every per-group list of ``scheduler`` (and of the schedulers inside it) for the group just added."""
     t = plan.template

@@ -85,21 +85,28 @@ class TrainStep:
     def micro_batch(self, batch: Any, *, last: bool) -> None:
         """Forward and backward one micro-batch (the gradient sync only when ``last`` ends the window), and count
         it; the optimizer step is :meth:`finish`'s."""
-        accumulator = self.accumulator
-        with accumulator.sync_context(self.model, last=last):
-            micro = self.forward(self.model, batch)
-            if self.stream is not None and self.stream.limit is not None:  # a worker-loaded stream with a length
-                self.stream.add(micro.targets)
-            if micro.loss is None:  # no counted item (every token ignored): no gradient, no loss value
-                accumulator.backward_empty(micro.outputs)
-            else:
-                accumulator.backward(micro.loss, count=micro.count, reduction=micro.reduction)
+        accumulator, model = self.accumulator, self.model
+        if last or getattr(type(model), "no_sync", None) is None:  # sync_context's test: no context to enter
+            micro = self._forward_backward(batch)
+        else:
+            with accumulator.sync_context(model, last=last):
+                micro = self._forward_backward(batch)
         loss = None if micro.loss is None else micro.loss.detach()  # detached once for the metric and the guard
         (self.window_loss or self.metrics.mean("loss")).update_loss(loss, micro.count, micro.reduction)
         if self.counts_accuracy is not False:  # decided on the first batch; off: no call a step
             self._count_accuracy(micro)
         if self.loss_guard is not None and loss is not None:
             self.loss_guard.observe(loss, accumulator.optimizer_steps + 1)
+
+    def _forward_backward(self, batch: Any) -> MicroBatch:
+        micro = self.forward(self.model, batch)
+        if self.stream is not None and self.stream.limit is not None:  # a worker-loaded stream with a length
+            self.stream.add(micro.targets)
+        if micro.loss is None:  # no counted item (every token ignored): no gradient, no loss value
+            self.accumulator.backward_empty(micro.outputs)
+        else:
+            self.accumulator.backward(micro.loss, count=micro.count, reduction=micro.reduction)
+        return micro
 
     def finish(self) -> bool:
         """The window's optimizer step; a skipped (non-finite) step's losses are not averaged in."""

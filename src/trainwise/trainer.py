@@ -239,7 +239,8 @@ class Trainer:
         cfg = self.config
         return functools.partial(
             forward_micro_batch, device=device, split=self.split_batch, loss_fn=self.loss_fn, count=cfg.count,
-            ignore_index=cfg.ignore_index, reduction=cfg.loss_reduction, autocast=precision.autocast,
+            ignore_index=cfg.ignore_index, reduction=cfg.loss_reduction,
+            autocast=None if getattr(precision, "name", None) == "fp32" else precision.autocast,  # fp32: none
         )
 
 

@@ -72,6 +72,7 @@ def restore_state(
     """
     from trainwise.checkpoint.weights import load_weights
 
+    saved = _folded_groups(state, saved)
     missing = [name for name in state if name not in saved]
     if missing and strict:
         raise TrainwiseError(
@@ -97,6 +98,29 @@ def restore_state(
         else:
             state[name] = value
     return {name: value for name, value in saved.items() if name not in state}
+
+
+def _folded_groups(state: Mapping[str, Any], saved: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``saved`` with each optimizer's state regrouped as its live optimizer's folded groups, and its schedulers'
+    per-group lists with it (a checkpoint of a trainwise that did not fold the no-decay groups of an optimizer
+    without weight decay, :func:`trainwise.freezing.fold_equal_groups`)."""
+    from trainwise.freezing import saved_groups_like
+    from trainwise.schedulers import fold_schedule_state
+
+    folds: dict[int, tuple[list[int], int]] = {}
+    changed = dict(saved)
+    for name, target in state.items():
+        if isinstance(target, torch.optim.Optimizer) and name in saved:
+            changed[name], kept = saved_groups_like(saved[name], target)
+            if kept is not None:
+                folds[id(target)] = (kept, len(saved[name]["param_groups"]))
+    if not folds:
+        return saved
+    for name, target in state.items():
+        fold = folds.get(id(getattr(target, "optimizer", None)))
+        if fold is not None and name in saved and not isinstance(target, torch.optim.Optimizer):
+            changed[name] = fold_schedule_state(saved[name], *fold)
+    return changed
 
 
 def save_checkpoint(

@@ -125,6 +125,8 @@ def call_model(model: Any, inputs: Any, *, labels: Any = None) -> Any:
 
 def _call(model: Any, inputs: Any, labels: Any, signature: _Signature) -> Any:
     extra = {"labels": labels} if labels is not None and signature.takes_labels else {}
+    if type(inputs) is torch.Tensor:  # the common case first: isinstance(..., Mapping) runs Python code
+        return model(inputs, **extra)
     if isinstance(inputs, Mapping):
         unknown = [k for k in inputs if k not in signature.names] if not signature.any_keyword else []
         if not unknown:
@@ -183,7 +185,7 @@ def forward_micro_batch(
     count: str = "samples",
     ignore_index: int = -100,
     reduction: str = "mean",
-    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> MicroBatch:
     """Split ``batch``, count its items (on the host when the batch is still there), move it to ``device``,
     call the model and compute the loss by the rule in the module docstring.
@@ -203,7 +205,7 @@ def forward_micro_batch(
         micro.loss, micro.count, micro.targets = None, 0, zero_rows(micro.targets)
         return micro
     inputs, targets = split(batch)
-    tokens = count == "tokens"
+    tokens, shifted = count == "tokens", None
     shift = _measured_shift(model) if tokens and loss_fn is None else 0  # None: not measured yet
     if targets is None:
         items: Any = count_items(inputs) if not tokens else _no_target_tokens()
@@ -217,42 +219,53 @@ def forward_micro_batch(
     if device is not None:
         inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
     signature = _signature(model)  # read once a step: it sits on every step's path
-    labels_passed = signature.takes_labels and targets is not None
+    if autocast is None:  # no autocast: no context entered and left on every step
+        return _outputs_and_loss(model, inputs, targets, items, shifted, shift, signature, loss_fn, ignore_index,
+                                 reduction)
     with autocast():
-        outputs = _call(model, inputs, targets, signature)
-        own_loss, logits = model_loss_and_logits(outputs, labels_passed=labels_passed)
-        if logits is None and loss_fn is not None:
-            logits = outputs  # a loss_fn of the user's own reads whatever the model returned
-        elif logits is None and own_loss is None:
-            raise TrainwiseError(
-                f"the model returned {_a(type(outputs).__name__)} with neither a loss nor logits; return a tensor "
-                "of logits or a dict or object with 'loss' and 'logits', or pass loss_fn=... that reads it."
-            )
-        if shift is None:
-            if own_loss is None:
-                shift = 0  # trainwise's cross-entropy: the labels as they are
-            else:
-                shift = label_shift(model, own_loss, logits, targets, ignore_index=ignore_index)
-                if shift is not None:
-                    with contextlib.suppress(TypeError):  # a callable that takes no weak reference: measured again
-                        _LABEL_SHIFT[model] = shift
-            if shift:
-                items = int(shifted)
-        if items == 0:
-            loss = None
-        elif loss_fn is not None:
-            loss = loss_fn(logits, targets)
-        elif own_loss is not None:
-            loss, reduction = own_loss, "mean"  # transformers' losses are means over the counted items
+        return _outputs_and_loss(model, inputs, targets, items, shifted, shift, signature, loss_fn, ignore_index,
+                                 reduction)
+
+
+def _outputs_and_loss(model: Any, inputs: Any, targets: Any, items: Any, shifted: Any, shift: int | None,
+                      signature: _Signature, loss_fn: Callable[[Any, Any], torch.Tensor] | None, ignore_index: int,
+                      reduction: str) -> MicroBatch:
+    """Call the model and compute the loss (inside the forward's autocast), for :func:`forward_micro_batch`."""
+    labels_passed = signature.takes_labels and targets is not None
+    outputs = _call(model, inputs, targets, signature)
+    own_loss, logits = model_loss_and_logits(outputs, labels_passed=labels_passed)
+    if logits is None and loss_fn is not None:
+        logits = outputs  # a loss_fn of the user's own reads whatever the model returned
+    elif logits is None and own_loss is None:
+        raise TrainwiseError(
+            f"the model returned {_a(type(outputs).__name__)} with neither a loss nor logits; return a tensor "
+            "of logits or a dict or object with 'loss' and 'logits', or pass loss_fn=... that reads it."
+        )
+    if shift is None:
+        if own_loss is None:
+            shift = 0  # trainwise's cross-entropy: the labels as they are
         else:
-            if targets is None:
-                raise TrainwiseError(
-                    "a batch without a target needs a loss: pass loss_fn=lambda outputs, targets: ... (targets "
-                    "is None), or return the loss from the model."
-                )
-            if isinstance(logits, torch.Tensor) and logits.dim() == 3 and model not in _CHECKED_FOR_UNSHIFTED:
-                _warn_if_unshifted_language_model(model, inputs, logits, targets, ignore_index)
-            loss = default_loss(logits, targets, ignore_index=ignore_index)
+            shift = label_shift(model, own_loss, logits, targets, ignore_index=ignore_index)
+            if shift is not None:
+                with contextlib.suppress(TypeError):  # a callable that takes no weak reference: measured again
+                    _LABEL_SHIFT[model] = shift
+        if shift:
+            items = int(shifted)
+    if items == 0:
+        loss = None
+    elif loss_fn is not None:
+        loss = loss_fn(logits, targets)
+    elif own_loss is not None:
+        loss, reduction = own_loss, "mean"  # transformers' losses are means over the counted items
+    else:
+        if targets is None:
+            raise TrainwiseError(
+                "a batch without a target needs a loss: pass loss_fn=lambda outputs, targets: ... (targets "
+                "is None), or return the loss from the model."
+            )
+        if isinstance(logits, torch.Tensor) and logits.dim() == 3 and model not in _CHECKED_FOR_UNSHIFTED:
+            _warn_if_unshifted_language_model(model, inputs, logits, targets, ignore_index)
+        loss = default_loss(logits, targets, ignore_index=ignore_index)
     return MicroBatch(loss=loss, count=items, outputs=logits, targets=targets, reduction=reduction,
                       model_loss=loss_fn is None and own_loss is not None)
 
@@ -365,7 +378,7 @@ def _warn_if_unshifted_language_model(module: Any, inputs: Any, logits: Any, tar
             "its own input: a causal LM needs its labels shifted by one; let the model compute its loss (it "
             "gets labels=) or pass loss_fn= that shifts them.",
             UserWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
 

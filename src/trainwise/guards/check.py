@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 class Check:
     """One code's runtime check. Subclasses set ``code`` and override the events they need; the guard calls
-    only the overridden ones. ``after_forward`` may return a replacement for the model's output (or None)."""
+    only the overridden ones, and none while the check has muted it (``guard.listen(self, event, False)``: it
+    has nothing to do there for now). ``after_forward`` may return a replacement for the model's output (or None)."""
 
     code: ClassVar[str] = ""
 

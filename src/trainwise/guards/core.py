@@ -168,23 +168,34 @@ class Guard:
                 entries.append(compiled)
         return entries
 
-    def _install(self) -> None:
-        def wants(name: str) -> list[Any]:
-            return [getattr(c, name) for c in self.checks if getattr(type(c), name) is not getattr(Check, name)]
+    def listen(self, check: Check, event: str, on: bool = True) -> None:
+        """Call ``check``'s ``event`` (one it overrides) from now on, or no more (``on=False``): a check with
+        nothing to do on an event for a while (it reported already, or waits for a condition) costs no call there."""
+        muted = self._muted[event]
+        if on:
+            muted.discard(check)
+        else:
+            muted.add(check)
+        self._calls[event] = tuple(getattr(c, event) for c in self._listeners[event] if c not in muted)
 
+    def _install(self) -> None:
+        events = ("before_forward", "after_forward", "before_step", "after_step")
+        self._listeners = {event: [c for c in self.checks if getattr(type(c), event) is not getattr(Check, event)]
+                           for event in events}
+        self._muted: dict[str, set[Check]] = {event: set() for event in events}
+        calls = self._calls = {event: tuple(getattr(c, event) for c in self._listeners[event]) for event in events}
+        before_forward, after_forward = calls["before_forward"], calls["after_forward"]
         for check in self.checks:
             check.on_install()
-        before_forward, after_forward = wants("before_forward"), wants("after_forward")
-        before_step, after_step = wants("before_step"), wants("after_step")
         model = self.model  # what the checks see, whichever wrapper's forward ran
 
         def run_pre(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            for call in before_forward:
+            for call in calls["before_forward"]:
                 call(model, args, kwargs)
 
         def run_post(args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
             replaced = None
-            for call in after_forward:
+            for call in calls["after_forward"]:
                 result = call(model, args, kwargs, output if replaced is None else replaced)
                 replaced = result if result is not None else replaced
             return replaced
@@ -209,7 +220,7 @@ class Guard:
             if torch.compiler.is_compiling():
                 return eager_pre(args, kwargs)
             if self._forward_on:
-                for call in before_forward:
+                for call in calls["before_forward"]:
                     call(model, args, kwargs)
             return None
 
@@ -231,14 +242,14 @@ class Guard:
             def step_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
                 # torch passes step's own arguments, the optimizer first: step(closure) or step(closure=...)
                 self.closure_step = (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
-                for call in before_step:
+                for call in calls["before_step"]:
                     call(optimizer)
 
             def step_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
                 self.step += 1
                 # no forward runs between steps (one interrupted by Ctrl-C left it counted)
                 self._in_entry = self._depth = 0
-                for call in after_step:
+                for call in calls["after_step"]:
                     call(optimizer)
                 if self.forward_every > 1 and not self._watching:
                     due = self.step % self.forward_every == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,9 @@ import torch
 from trainwise.guards.check import Check
 
 _WATCHED = 4  # parameters whose gradient tensors are followed from one step to the next
+_GRAD = operator.attrgetter("grad")
+_CALL = operator.methodcaller("__call__")  # a weak reference's referent
+_NOT_NONE = functools.partial(operator.is_not, None)
 
 
 class GradientsNeverZeroed(Check):
@@ -30,7 +34,8 @@ class GradientsNeverZeroed(Check):
     def on_install(self) -> None:
         self._zeroed = False
         self._done = False
-        self._last: list[tuple[torch.Tensor, weakref.ref[torch.Tensor]]] = []
+        self._last: list[weakref.ref[torch.Tensor]] = []  # the watched gradients after the last step
+        self._last_params: list[torch.Tensor] = []  # their parameters
         self._saved: list[tuple[Any, Any]] = []  # (owner, its own zero_grad attribute or None) to restore
         optimizer = self.guard.optimizer
         if optimizer is None:
@@ -56,7 +61,7 @@ class GradientsNeverZeroed(Check):
         if self._zeroed or self._done or not self._last:
             self._zeroed = False
             return
-        if all(p.grad is ref() for p, ref in self._last):
+        if all(map(operator.is_, map(_GRAD, self._last_params), map(_CALL, self._last))):
             self._done = True
             self.guard.report(
                 self.code, type(optimizer).__name__,
@@ -68,8 +73,14 @@ class GradientsNeverZeroed(Check):
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.guard.closure_step:
             self._judge(optimizer)
-        if not self._done:
-            self._last = [(p, weakref.ref(g)) for p in self._watched if (g := p.grad) is not None]
+        if self._done:
+            return
+        grads = list(map(_GRAD, self._watched))  # map runs in C: this is on every step's path
+        if all(map(_NOT_NONE, grads)):
+            self._last, self._last_params = list(map(weakref.ref, grads)), self._watched
+        else:
+            kept = [(p, g) for p, g in zip(self._watched, grads) if g is not None]
+            self._last, self._last_params = [weakref.ref(g) for _, g in kept], [p for p, _ in kept]
 
     def close(self) -> None:
         for owner, own in self._saved:

@@ -19,13 +19,11 @@ class OptimizerCoverage(Check):
     code = "TW107"
 
     def on_install(self) -> None:
-        self._first_step = True
         self._scan()
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._first_step:
-            self._first_step = False
-            self._scan()
+        self.guard.listen(self, "before_step", False)  # the first step only: then at every check interval
+        self._scan()
 
     def on_check(self) -> None:
         self._scan()

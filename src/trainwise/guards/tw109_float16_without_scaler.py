@@ -45,15 +45,20 @@ class Float16WithoutScaler(Check):
     def on_install(self) -> None:
         self._fp16 = False  # the last forward with grad enabled ran under float16 autocast
         self._done = False
+        self.guard.listen(self, "before_step", False)  # called at a step only after a float16 forward
 
     def before_forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if torch.is_grad_enabled():  # evaluation under no_grad does not decide what the step applies
-            self._fp16 = _float16_autocast()
+            fp16 = _float16_autocast()
+            if fp16 != self._fp16 and not self._done:
+                self.guard.listen(self, "before_step", fp16)
+            self._fp16 = fp16
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
         if not self._fp16 or self._done or called_from_grad_scaler():
             return
         self._done = True
+        self.guard.listen(self, "before_step", False)
         self.guard.report(
             self.code, type(optimizer).__name__,
             "the gradients come from a float16 autocast forward but no GradScaler scales the loss, so small "
