@@ -59,3 +59,41 @@ def test_namespaces_load_on_first_use_and_a_typo_is_an_attribute_error():
 
     with pytest.raises(AttributeError, match="no attribute 'Trainr'"):
         trainwise.Trainr  # noqa: B018
+
+
+_LOOP_MODULES = """
+import json, sys, tempfile
+import torch
+from torch import nn
+import trainwise as tw
+
+torch.manual_seed(0)
+data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 4, (64,)))
+model = nn.Linear(8, 4)
+if sys.argv[1] == "minimal":
+    optimizer = torch.optim.AdamW(model.parameters())
+    for x, y in torch.utils.data.DataLoader(data, batch_size=16, shuffle=True):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+else:
+    with tempfile.TemporaryDirectory() as folder:
+        tw.Trainer(run_dir=folder + "/run", epochs=1, progress="off", plot=False, device="cpu").fit(model, data)
+print(json.dumps(sorted(sys.modules)))
+"""
+# Loaded only when a run asks for them (compile, FSDP, plots, trackers, export).
+HEAVY = ("sympy", "torch._dynamo", "torch._inductor", "torch.distributed.fsdp", "torch.fx", "torch.export",
+         "matplotlib", "onnx", "tensorboard", "rich", "libcst")
+
+
+def test_a_one_process_fit_loads_nothing_heavy_that_the_users_own_loop_does_not():
+    """torch's own optimizer constructor loads torch._dynamo (and with it sympy and FSDP) in any loop; beyond what
+    the loop a user would write loads, a plain fit (no compile, FSDP, plot or tracker) loads none of them."""
+    import json
+
+    def loaded(mode):
+        out = subprocess.run([sys.executable, "-c", _LOOP_MODULES, mode], capture_output=True, text=True, check=True)
+        return set(json.loads(out.stdout.splitlines()[-1]))
+
+    extra = loaded("fit") - loaded("minimal")
+    assert [m for m in sorted(extra) if m.split(".")[0] != "trainwise" and m.startswith(HEAVY)] == []
