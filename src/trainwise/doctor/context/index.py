@@ -465,11 +465,14 @@ class FileIndex:
 
 def _transformers_model(qualname: str | None) -> bool:
     """A Hugging Face PyTorch model class (``transformers.PreTrainedModel``, ``BertModel``,
-    ``BertForSequenceClassification``...): an ``nn.Module``; the TensorFlow and Flax ones are not."""
+    ``BertForSequenceClassification``...): an ``nn.Module``; the TensorFlow and Flax ones, the ``Auto*`` factories
+    and the ``DataCollatorFor*`` classes are not."""
     if qualname is None or not qualname.startswith("transformers."):
         return False
     name = qualname.rsplit(".", 1)[1]
-    return not name.startswith(("TF", "Flax")) and (name.endswith("Model") or "For" in name)
+    if name.startswith(("TF", "Flax", "Auto", "DataCollator")):  # other frameworks, factories, collators
+        return False
+    return name.endswith("Model") or re.fullmatch(r"[A-Z]\w*For[A-Z]\w*", name) is not None
 
 
 def _as_list(body: object) -> list[ast.AST]:
