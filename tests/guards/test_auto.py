@@ -93,6 +93,27 @@ def test_close_removes_every_hook_and_a_dropped_model_is_freed():
     assert not kept_optimizer._optimizer_step_pre_hooks and "zero_grad" not in vars(kept_optimizer)
 
 
+def test_a_model_dropped_before_its_checks_ran_still_reports_at_its_own_line():
+    # the interval's checks (TW113 reads its gradient norms every check_every steps) must not die with a model the
+    # script drops, whenever the garbage collector frees it (CI once lost a TW113 this way)
+    found = []
+    auto = AutoGuard(on_finding=found.append).install()
+    try:
+        model = nn.Linear(3, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            optimizer.zero_grad()
+            (model(torch.randn(4, 3)).sum() * float("inf")).backward()
+            optimizer.step(); line = _here()  # noqa: E702
+        del model, optimizer
+        gc.collect(); elsewhere = _here()  # noqa: E702
+        assert [(f.code, f.place.line) for f in found] == [("TW113", line)]  # before close, at the step's line
+    finally:
+        auto.close()
+    assert elsewhere not in [f.place.line for f in auto.findings]
+    assert [f.code for f in auto.findings] == ["TW113"]
+
+
 def test_two_models_each_get_their_own_guard_and_optimizer():
     auto = AutoGuard().install()
     try:

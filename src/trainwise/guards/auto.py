@@ -288,11 +288,14 @@ class AutoGuard:
     def _attach(self, root: _Root, module: nn.Module, optimizer: Any, codes: list[str]) -> None:
         if not codes:
             return
+        guard: Guard | None = None
+
         def found(finding: GuardFinding) -> None:
-            self._found(root, finding)
+            self._found(root, finding, closing=guard is not None and guard.closing)
 
         guard = Guard(module, optimizer, action="record", checks=codes, on_finding=found,
                       check_every=self.check_every)
+        guard.check_when_freed = True
         root.guards.append(weakref.ref(guard))
         if guard.optimizer is not None:
             root.optimizers.append(weakref.ref(guard.optimizer))
@@ -349,13 +352,15 @@ class AutoGuard:
 
     # -- findings ------------------------------------------------------------------------------------
 
-    def _found(self, root: _Root, finding: GuardFinding) -> None:
+    def _found(self, root: _Root, finding: GuardFinding, *, closing: bool = False) -> None:
         key = (root.serial, finding.code, finding.where)
         if key in self._seen:
             return
         self._seen.add(key)
-        place = root.eval_place if finding.code in _AT_EVALUATION and root.eval_place else self._place()
-        if place is None:  # found at the end, outside the user's code: where the model stepped or was called
+        place = root.eval_place if finding.code in _AT_EVALUATION and root.eval_place else None
+        if place is None and not closing:
+            place = self._place()
+        if place is None:  # found at close (the end, or the model freed): where the model stepped or was called
             steps = any(c.code == finding.code and _overrides(c, "before_step", "after_step") for c in self.classes)
             place = (root.step_place or root.forward_place) if steps else (root.forward_place or root.step_place)
         if (finding.code, place) in self._by_place:

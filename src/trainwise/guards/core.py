@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
@@ -150,6 +151,9 @@ class Guard:
         self.checks = [cls(self) for cls in check_classes(checks)]
         self._closed = False
         self.closing = False  # True during the last on_check (at close)
+        # run the last checks when the garbage collector frees the guard unclosed, with its model (AutoGuard
+        # holds its guards weakly: an interval's pending checks must not die with a model the script drops)
+        self.check_when_freed = False
         self._install()
 
     # -- hooks ---------------------------------------------------------------------------------------
@@ -407,6 +411,11 @@ class Guard:
             # into interpreter exit aborts gloo
             self.model_layers, self._entries = self.model_layers[-1:], []
             self.optimizer_layers = self.optimizer_layers[-1:]
+
+    def __del__(self) -> None:
+        if getattr(self, "check_when_freed", False) and not self._closed and not sys.is_finalizing():
+            with contextlib.suppress(Exception):  # never an error out of the garbage collector
+                self.close()
 
     def __enter__(self) -> Guard:
         return self

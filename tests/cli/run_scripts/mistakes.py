@@ -1,5 +1,6 @@
 """Each mistake the runtime guards catch, in plain loops, one model each: `trainwise run` must report every one
 with its code at the line marked `# TWxxx` (tests/cli/test_cli_run.py). Kept tiny: a few steps on 8 samples."""
+import gc
 import os
 
 import torch
@@ -79,6 +80,8 @@ for _ in range(2):
     optimizer.zero_grad()
     (model(x).sum() * float("inf")).backward()
     optimizer.step()  # TW113
+del model, optimizer
+gc.collect()  # the model dropped, and freed, before its guard's interval check: still reported, at its line
 
 
 # TW114: submodules in a plain list
