@@ -50,19 +50,33 @@ def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, zero_gai
 
 
 @pytest.mark.parametrize("unused", [True, False], ids=["some-without-grad", "all-with-grad"])
-def test_first_nonfinite_parameter_and_step_are_reported_once(unused):
+def test_the_exact_step_and_parameter_are_named_when_every_step_is_checked(unused):
     torch.manual_seed(0)
     model = Gained(unused)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with (
         pytest.warns(trainwise.guards.GuardWarning, match="TW113") as caught,
-        trainwise.guard(model, optimizer, checks=["TW113"], check_every=2) as guard,
+        trainwise.guard(model, optimizer, checks=["TW113"], check_every=1) as guard,
     ):
         _train(model, optimizer, zero_gain_at=3)
     assert [(f.code, f.where, f.step) for f in guard.findings] == [("TW113", "gain.value", 3)]
-    assert "at step 3" in guard.findings[0].message
+    assert "at step 3;" in guard.findings[0].message and "more of the" not in guard.findings[0].message
     assert len([w for w in caught if issubclass(w.category, trainwise.guards.GuardWarning)]) == 1
     assert not torch.isfinite(model.gain.value).all()  # the step did apply it
+
+
+def test_a_check_names_the_steps_since_the_last_one_and_how_many_parameters_broke():
+    # nothing runs per step: the check after step 4 sees the NaN that step 3 applied, which step 4 spread from
+    # gain.value back into the linear layer; the first broken parameter in the optimizer's order is named
+    torch.manual_seed(0)
+    model = Gained(unused=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with trainwise.guard(model, optimizer, action="record", checks=["TW113"], check_every=2) as guard:
+        _train(model, optimizer, zero_gain_at=3)
+    assert [(f.code, f.where, f.step) for f in guard.findings] == [("TW113", "body.weight", 4)]
+    message = guard.findings[0].message
+    assert "at one of steps 3-4" in message and "(and 2 more of the 3 parameters)" in message
+    assert "check_every=1" in message
 
 
 def test_raise_action_raises_guard_error_at_the_check():
@@ -74,7 +88,43 @@ def test_raise_action_raises_guard_error_at_the_check():
         trainwise.guard(model, optimizer, action="raise", checks=["TW113"], check_every=4),
     ):
         _train(model, optimizer, zero_gain_at=2)
-    assert (error.value.code, error.value.where, error.value.step) == ("TW113", "gain.value", 2)
+    assert (error.value.code, error.value.step) == ("TW113", 4)
+    assert "at one of steps 1-4" in str(error.value)
+
+
+def test_weights_already_broken_when_the_guard_starts_are_said_as_such():
+    model = Gained()
+    with torch.no_grad():
+        model.body.bias.fill_(float("nan"))  # a broken checkpoint
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with trainwise.guard(model, optimizer, action="record", checks=["TW113"]) as guard:
+        pass
+    assert [(f.code, f.where, f.step) for f in guard.findings] == [("TW113", "body.bias", 0)]
+    assert "already inf or NaN when the guard started" in guard.findings[0].message
+
+
+def test_nothing_runs_between_checks():
+    model = Gained()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with trainwise.guard(model, optimizer, checks=["TW113"], check_every=1000) as guard:
+        ops = []
+
+        class Count(torch.utils._python_dispatch.TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                ops.append(func)
+                return func(*args, **(kwargs or {}))
+
+        x = torch.randn(8, 4)
+        loss = model(x).sum()
+        loss.backward()
+        with Count():
+            optimizer.step()
+        stepped_with_guard = list(ops)
+        ops.clear()
+        guard.close()
+        with Count():
+            optimizer.step()
+    assert stepped_with_guard == ops  # the guarded step ran exactly the optimizer's own operations
 
 
 def test_finite_training_is_silent():

@@ -101,6 +101,10 @@ def _overrides(cls: type[Check], *names: str) -> bool:
     return any(getattr(cls, name) is not getattr(Check, name) for name in names)
 
 
+def _about_steps(cls: type[Check]) -> bool:
+    return cls.about_steps or _overrides(cls, "before_step", "after_step")
+
+
 class _Root:
     """A root model and its guards (weakly held: a guard lives as long as the hooks on its model do, so a
     model the script drops is freed with its guard); where it was first called and first stepped."""
@@ -143,8 +147,7 @@ class AutoGuard:
         self.codes = [cls.code for cls in self.classes]
         # the checks a second optimizer of the same model runs: those of the step (coverage left out: another
         # optimizer holding the model's other parameters is no mistake)
-        self.step_codes = [c.code for c in self.classes if _overrides(c, "before_step", "after_step")
-                           and c.code != "TW107"]
+        self.step_codes = [c.code for c in self.classes if _about_steps(c) and c.code != "TW107"]
         self.on_finding = on_finding
         self.check_every = check_every
         self.stop_at = stop_at
@@ -361,7 +364,7 @@ class AutoGuard:
         if place is None and not closing:
             place = self._place()
         if place is None:  # found at close (the end, or the model freed): where the model stepped or was called
-            steps = any(c.code == finding.code and _overrides(c, "before_step", "after_step") for c in self.classes)
+            steps = any(c.code == finding.code and _about_steps(c) for c in self.classes)
             place = (root.step_place or root.forward_place) if steps else (root.forward_place or root.step_place)
         if (finding.code, place) in self._by_place:
             return

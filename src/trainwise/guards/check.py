@@ -18,6 +18,9 @@ class Check:
     has nothing to do there for now). ``after_forward`` may return a replacement for the model's output (or None)."""
 
     code: ClassVar[str] = ""
+    # about what optimizer steps apply, though it has no step event (TW113 reads the weights at the checks): a
+    # second optimizer of the model runs it too, and a finding at close is placed at the step
+    about_steps: ClassVar[bool] = False
 
     def __init__(self, guard: Guard) -> None:
         self.guard = guard

@@ -1,40 +1,37 @@
-"""TW113: an optimizer step that applied a non-finite (inf or NaN) gradient, naming the parameter and the step."""
+"""TW113: optimizer steps that applied a non-finite (inf or NaN) gradient, naming the parameter and the steps."""
 
 from __future__ import annotations
-
-import functools
-import itertools
-import operator
 
 import torch
 
 from trainwise.guards.check import Check
 
-_GRAD = operator.attrgetter("grad")
-_NOT_NONE = functools.partial(operator.is_not, None)
-_ROW = operator.itemgetter(2)  # the norms of a pending (step, indices, norms) entry
+_LOW = (torch.float16, torch.bfloat16, torch.float32)
 
 
 class NonFiniteGradient(Check):
-    """The first parameter whose gradient held inf or NaN when the optimizer stepped, and that step.
+    """The first parameter whose weights turned inf or NaN, and the interval of steps that did it.
 
-    Each step keeps the float32 norm of every gradient on the device (``torch._foreach_norm``, one call,
-    no host sync; inf and NaN elements make it non-finite, so can a finite gradient whose norm passes 1e19,
-    which is no healthier); ``on_check`` reads the interval's norms once. A ``GradScaler`` never calls
-    ``step()`` on non-finite gradients, except for optimizers that unscale themselves (``fused=True``), whose
-    steps it marks with ``found_inf``: those are skipped.
+    Nothing runs per step: a step that applies an inf or NaN gradient leaves the weights it updates inf or NaN
+    (SGD, Adam and their kin; clipping turns inf into NaN), and they stay so. So every ``check_every`` steps,
+    with the read the guard makes there anyway, ``on_check`` takes the float32 norm of every parameter
+    (``torch._foreach_norm``, one call) and names the first that is not finite and the steps since the last
+    check (``check_every=1`` names the exact step, at one host sync a step). Steps a ``GradScaler`` skips
+    (``step()`` not called, or a fused optimizer's ``found_inf``) leave the weights finite and so unreported.
+    Weights already non-finite when the guard starts (a broken checkpoint) are reported as such.
     """
 
     code = "TW113"
+    about_steps = True
 
     def on_install(self) -> None:
         self._done = False
         self._groups = -1
-        # (step, indices of the parameters that had a gradient or None for all, their norms)
-        self._pending: list[tuple[int, list[int] | None, list[torch.Tensor]]] = []
+        self._checked_at = 0  # the guard's step at the last check: the interval starts after it
         optimizer = self.guard.optimizer
         if optimizer is not None:
             self._load(optimizer)
+            self._judge(before_training=True)
 
     def _load(self, optimizer: torch.optim.Optimizer) -> None:
         """Cache the optimizer's parameters and their names (again when a parameter group is added)."""
@@ -45,62 +42,44 @@ class NonFiniteGradient(Check):
             for g, group in enumerate(optimizer.param_groups) for i, p in enumerate(group["params"])
         ]
         self._groups = len(optimizer.param_groups)
-        low = (torch.float16, torch.bfloat16, torch.float32)
-        # float32 norms keep float16 ones from overflowing; float64 or complex gradients keep their own dtype
-        self._dtype = torch.float32 if all(p.dtype in low for p in self._params) else None
+        # float32 norms keep float16 ones from overflowing; float64 or complex weights keep their own dtype
+        self._dtype = torch.float32 if all(p.dtype in _LOW for p in self._params) else None
 
-    def before_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if not self.guard.closure_step:  # otherwise the gradients this step applies do not exist yet
-            self._keep_norms(optimizer, self.guard.step + 1)
-
-    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.guard.closure_step:  # step(closure) (LBFGS, Lightning's automatic optimization) ran backward
-            self._keep_norms(optimizer, self.guard.step)
-
-    def _keep_norms(self, optimizer: torch.optim.Optimizer, step: int) -> None:
-        if self._done or "found_inf" in vars(optimizer):  # a fused optimizer under GradScaler: it skips inf itself
+    def on_check(self) -> None:
+        optimizer = self.guard.optimizer
+        if self._done or optimizer is None:
             return
         if len(optimizer.param_groups) != self._groups:
             self._load(optimizer)
-        grads = list(map(_GRAD, self._params))  # map and filter run in C: this is on every step's path
-        kept = list(filter(_NOT_NONE, grads))
-        if not kept:
-            return
-        indices = None if len(kept) == len(grads) else [i for i, g in enumerate(grads) if g is not None]
-        # the norms stay a list until on_check stacks the interval's at once (a stack per step costs as much)
-        self._pending.append((step, indices, torch._foreach_norm(kept, 2.0, dtype=self._dtype)))
+        self._judge(before_training=False)
 
-    def on_check(self) -> None:
-        pending, self._pending = self._pending, []
-        if self._done or not pending:
+    def _judge(self, *, before_training: bool) -> None:
+        first, last = self._checked_at + 1, self.guard.step
+        self._checked_at = last
+        if not self._params or (last < first and not before_training):
             return
-        norms = list(itertools.chain.from_iterable(map(_ROW, pending)))  # in C: an interval holds many
-        device = norms[0].device
-        try:
-            stacked = torch.stack(norms)
-        except RuntimeError:  # parameters on several devices (a model split, or moved since the guard started)
-            stacked = torch.stack([n if n.device == device else n.to(device) for n in norms])
-        finite = torch.isfinite(stacked)
-        if bool(finite.all()):  # the one host sync of the interval
-            return
+        with torch.no_grad():
+            norms = torch._foreach_norm(self._params, 2.0, dtype=self._dtype)
+            device = norms[0].device
+            try:
+                stacked = torch.stack(norms)
+            except RuntimeError:  # parameters on several devices (a model split across them)
+                stacked = torch.stack([n if n.device == device else n.to(device) for n in norms])
+            finite = torch.isfinite(stacked)
+            if bool(finite.all()):  # the one host sync of the interval
+                return
         flags = finite.cpu().tolist()
-        offset = 0
-        for step, indices, row in pending:
-            count = len(row)
-            bad = next((k for k in range(count) if not flags[offset + k]), None)
-            offset += count
-            if bad is None:
-                continue
-            name = self._names[bad if indices is None else indices[bad]]
-            self._done = True
-            self.guard.report(
-                self.code, name,
-                f"the gradient of {name} held inf or NaN when the optimizer stepped at step {step}, which makes "
-                f"the weights non-finite; find the overflowing loss or layer, lower the learning rate, clip with "
-                f"torch.nn.utils.clip_grad_norm_, or train float16 with a torch.amp.GradScaler.",
-                step=step,
-            )
-            return
-
-    def close(self) -> None:
-        self._pending.clear()
+        name = self._names[flags.index(False)]
+        count = flags.count(False)
+        others = f" (and {count - 1} more of the {len(flags)} parameters)" if count > 1 else ""
+        self._done = True
+        if before_training:
+            when = "were already inf or NaN when the guard started (a broken checkpoint or initialisation)"
+            fix = "load finite weights before training"
+        else:
+            steps = f"at step {last}" if first == last else f"at one of steps {first}-{last}"
+            when = f"turned inf or NaN: the optimizer applied an inf or NaN gradient {steps}"
+            fix = ("find the overflowing loss or layer (check_every=1 names the exact step and the first parameter), "
+                   "lower the learning rate, clip with torch.nn.utils.clip_grad_norm_, or train float16 with a "
+                   "torch.amp.GradScaler")
+        self.guard.report(self.code, name, f"the weights of {name}{others} {when}; {fix}.", step=last)

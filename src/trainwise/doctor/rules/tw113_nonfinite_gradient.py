@@ -12,10 +12,12 @@ class NonFiniteGradient(Rule):
 
     ## What it does
     This rule has no static check: `trainwise.guard(model, optimizer)` (and the Trainer) finds it at run
-    time. At each `optimizer.step()` it computes the norm of every gradient on the device, without waiting
-    for it, and every `check_every` steps it reads them once and names the first parameter whose gradient
-    was not finite and the step that applied it. Steps that a `torch.amp.GradScaler` skips are not reported:
-    inf gradients are expected there while the scale calibrates.
+    time, at no cost per step. A step that applies an inf or NaN gradient leaves the weights it updates inf
+    or NaN, and they stay so; every `check_every` steps (and at the end) the guard reads the norm of every
+    parameter once and names the first one that is no longer finite and the steps since the last check
+    (`check_every=1` names the exact step and the first parameter, at one host sync per step). Steps that a
+    `torch.amp.GradScaler` skips leave the weights finite and are not reported: inf gradients are expected
+    there while the scale calibrates. Weights already non-finite when the guard starts are said as such.
 
     ## Why is this bad?
     One non-finite gradient makes the weights it touches inf or NaN, and from then on every loss and every
@@ -50,7 +52,7 @@ class NonFiniteGradient(Rule):
 
     ## Fix safety
     There is no automatic fix: the doctor does not report this in the source; the guard names the
-    parameter and the step at run time.
+    parameter and the steps at run time.
     """
 
     code = "TW113"
