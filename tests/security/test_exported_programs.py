@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Tuple
 
 import numpy as np
 import pytest
@@ -31,6 +30,8 @@ try:
     HAVE_ONNX = True
 except ImportError:
     HAVE_ONNX = False
+# The test builds TorchScript files itself, with torch.jit calls that torch 2.13 marks deprecated.
+pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")
 needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason="onnx, onnxscript or onnxruntime is not installed")
 
 
@@ -46,11 +47,11 @@ class _CreatesAFile(torch.nn.Module):
         return x * 2
 
     @torch.jit.export
-    def __getstate__(self) -> Tuple[str, bool]:  # noqa: UP006 (TorchScript reads the annotation)
+    def __getstate__(self) -> tuple[str, bool]:
         return (self.marker, self.training)
 
     @torch.jit.export
-    def __setstate__(self, state: Tuple[str, bool]) -> None:  # noqa: UP006
+    def __setstate__(self, state: tuple[str, bool]) -> None:
         self.marker = state[0]
         self.training = bool(torch.from_file(self.marker, True, 4).sum() == 0) and state[1]
 
@@ -212,6 +213,29 @@ def test_external_data_outside_the_folder_is_refused(onnx_model, tmp_path, where
         load_exported(artifact, trust_code=True)
     except TrainwiseError as exc:
         assert "refusing" not in str(exc) and "not a readable ONNX" in str(exc)
+
+
+@needs_onnx
+def test_external_data_of_a_constant_in_a_subgraph_is_refused(onnx_model, tmp_path):
+    path, _ = onnx_model
+    model = onnx.load(str(path))
+    value = helper.make_tensor("hidden", TensorProto.FLOAT, [2], [0.0, 0.0])
+    value.ClearField("float_data")
+    value.data_location = TensorProto.EXTERNAL
+    entry = value.external_data.add()
+    entry.key, entry.value = "location", "sub/../../outside.bin"
+    (tmp_path / "outside.bin").write_bytes(np.zeros(2, np.float32).tobytes())
+    inner = helper.make_graph([helper.make_node("Constant", [], ["c"], value=value)], "body", [],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2])])
+    model.graph.initializer.append(helper.make_tensor("cond", TensorProto.BOOL, [], [True]))
+    model.graph.node.insert(0, helper.make_node("If", ["cond"], ["unused"], then_branch=inner, else_branch=inner))
+    (tmp_path / "art").mkdir()
+    artifact = tmp_path / "art" / "nested.onnx"
+    onnx.save(model, str(artifact))
+    with pytest.raises(TrainwiseError) as refused:
+        load_exported(artifact)
+    message = _refusal(refused)
+    assert "'hidden'" in message and "subgraph of node 'If'" in message and "outside the artifact's folder" in message
 
 
 @needs_onnx

@@ -1,5 +1,7 @@
 """Loading an artifact as a callable, without the model's source: :func:`load_exported`. A checkpoint given
-instead is refused by name, and a ``.pt2`` passes :mod:`~trainwise.exporting.pt2_check` before torch reads it."""
+instead is refused by name, a ``.pt2`` passes :mod:`~trainwise.exporting.pt2_check` before torch reads it, an
+``.onnx`` passes :mod:`~trainwise.exporting.onnx_check` before onnxruntime does, and TorchScript (a program) is
+loaded only with ``trust_code=True``."""
 
 from __future__ import annotations
 
@@ -104,12 +106,12 @@ def load_exported(
     A ``.pt2`` is checked before torch reads it and refused (TrainwiseError naming the entry) unless it holds only
     what ``torch.export.save`` writes for a plain model: no pickles that torch would load with
     ``weights_only=False``, no native code, aten operators only and no Python source in names, shape expressions
-    or guards, so loading one from elsewhere runs no code. A TorchScript file is a program that torch runs as it
-    loads it: it is refused unless ``trust_code=True`` (say so only for a file you trust like code). An ONNX graph
-    is checked with the ``onnx`` package first and refused, unless ``trust_code=True``, when a node needs a custom
-    operator library or external data lies outside the artifact's folder (docs/security.md). A damaged artifact
-    or sidecar is one sentence too, and a
-    checkpoint given in place of an artifact (a ``torch.save`` or safetensors file, whatever its name) is refused
+    or guards, so loading one from elsewhere runs no code (``trust_code`` changes nothing there). A TorchScript
+    file is a program that torch runs as it loads it: it is refused unless ``trust_code=True`` (say so only for a
+    file you trust like code). An ONNX graph is checked with the ``onnx`` package first and refused, unless
+    ``trust_code=True``, when a node needs a custom operator library or external data lies outside the
+    artifact's folder (docs/security.md). A damaged artifact or sidecar is one sentence too, and a checkpoint
+    given in place of an artifact (a ``torch.save`` or safetensors file, whatever its name) is refused
     with :class:`NotAnArtifactError`, read with ``weights_only=True`` only to say what it is.
     """
     artifact = Path(path)

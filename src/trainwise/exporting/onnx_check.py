@@ -39,8 +39,8 @@ def check_model(model: Any, folder: Path) -> str | None:
     for where, graph in _graphs(model):
         for node in graph.node:
             if node.domain not in NATIVE_DOMAINS and (node.domain, node.op_type, node.overload) not in local:
-                return (f"node {_name(node.op_type)} in {where} uses the operator domain {_name(node.domain)}, which needs a "
-                        "native custom-operator library")
+                return (f"node {_name(node.op_type)} in {where} uses the operator domain {_name(node.domain)}, "
+                        "which needs a native custom-operator library")
         for tensor in _tensors(graph):
             problem = _external_data_problem(tensor, folder)
             if problem:
@@ -66,7 +66,8 @@ def _graphs(model: Any) -> Iterator[tuple[str, Any]]:
         for node in graph.node:
             for attribute in node.attribute:
                 inner = [attribute.g] if attribute.HasField("g") else []
-                pending += [(f"a subgraph of node {_name(node.op_type)} in {where}", g) for g in [*inner, *attribute.graphs]]
+                here = f"a subgraph of node {_name(node.op_type)} in {where}"
+                pending += [(here, g) for g in [*inner, *attribute.graphs]]
 
 
 def _tensors(graph: Any) -> list[Any]:
