@@ -301,6 +301,12 @@ SLOW = [  # what the in-process tests of each command cannot show: the process a
     Case("predict-training-checkpoint-onnx", ("predict", "{checkpoint}", "{x}", "--format", "onnx"),
          contains=("training checkpoint", "--format onnx`", "{run}/model.onnx")),
     Case("predict-missing-input", ("predict", "{artifact}", "{root}/none.npy"), contains=("does not exist",)),
+    Case("predict-torchscript-untrusted", ("predict", "{torchscript}", "{x}"),
+         contains=("refusing to load {torchscript}", "is a program", "pass --trust-code", ".pt2"),
+         absent=("trust_code",)),
+    Case("predict-torchscript-trusted", ("predict", "{torchscript}", "{x}", "--trust-code", "--json"), code=0),
+    Case("predict-damaged-torchscript-trusted", ("predict", "{empty_torchscript}", "{x}", "--trust-code"),
+         contains=("not a readable TorchScript file",)),
     Case("predict-input-of-the-wrong-shape", ("predict", "{artifact}", "{x_wrong}"),
          contains=("must have shape (batch, 3), got (2, 5)",)),
     # a reader that goes away
@@ -338,11 +344,14 @@ def torch_files(plain_files) -> dict[str, str]:
     renamed.write_bytes(checkpoint.read_bytes())
     artifact = root / "model.pt2"
     trainwise.export(model, torch.randn(2, 3), artifact)
+    torchscript = root / "model.torchscript"
+    trainwise.export(model, torch.randn(2, 3), torchscript, "torchscript")
     arrays = {"x": (2, 3), "x_wrong": (2, 5), "x_big": (20000, 3)}
     for name, shape in arrays.items():
         np.save(root / f"{name}.npy", np.ones(shape, dtype=np.float32))
     (root / "empty.pt").write_bytes(b"")
     (root / "empty.pt2").write_bytes(b"")
+    (root / "empty.torchscript").write_bytes(b"")
     (root / "keep.pt").write_bytes(b"a file convert must not replace")
     tb_run = root / "tb-run"  # its tensorboard/ a link to a folder nobody may write in, root included
     tb_run.mkdir()
@@ -354,6 +363,8 @@ def torch_files(plain_files) -> dict[str, str]:
         "checkpoint": str(checkpoint),
         "renamed": str(renamed),
         "artifact": str(artifact),
+        "torchscript": str(torchscript),
+        "empty_torchscript": str(root / "empty.torchscript"),
         "empty_pt": str(root / "empty.pt"),
         "empty_pt2": str(root / "empty.pt2"),
         "keep": str(root / "keep.pt"),
@@ -427,6 +438,7 @@ def test_messages_in_cli_spelling():
                                                "to move the old run aside.")
     assert cli_spelling(taken, "demo").endswith("pass another --run-dir, or --overwrite to move the old run aside.")
     assert cli_spelling("pass format= one of a, b.", "predict") == "pass --format one of a, b."
+    assert cli_spelling("pass trust_code=True if you trust it.", "predict") == "pass --trust-code if you trust it."
     assert cli_spelling("use format='torchscript' or pass dynamic_batch=False.", "export") == (
         "use --format torchscript or pass --static-batch."
     )

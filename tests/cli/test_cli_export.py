@@ -95,18 +95,20 @@ def artifact(demo_artifact):
     _, checkpoint = demo_artifact
     path = checkpoint.with_name("predict.torchscript")
     assert main(["export", str(checkpoint), "--demo", "--format", "torchscript", "-o", str(path), "--json"]) == 0
-    return path
+    return path  # a TorchScript program: predict runs it only with --trust-code (its bytes are this test's own)
 
 
 def test_predict_prints_outputs_and_argmax(artifact, tmp_path, capsys):
     x = np.random.default_rng(0).random((3, 1, 8, 8))  # float64, as numpy makes it: cast to the artifact's float32
     np.save(tmp_path / "x.npy", x)
-    assert main(["predict", str(artifact), str(tmp_path / "x.npy")]) == 0
+    assert main(["predict", str(artifact), str(tmp_path / "x.npy")]) == 2  # refused: a program, not trusted
+    assert "--trust-code" in capsys.readouterr().err
+    assert main(["predict", str(artifact), str(tmp_path / "x.npy"), "--trust-code"]) == 0
     out = capsys.readouterr().out
-    expected = load_exported(artifact)(torch.from_numpy(x).float()).numpy()
+    expected = load_exported(artifact, trust_code=True)(torch.from_numpy(x).float()).numpy()
     assert "output: shape [3, 10] float32" in out
     assert f"output argmax: {np.array2string(expected.argmax(axis=1))}" in out
-    assert main(["predict", str(artifact), str(tmp_path / "x.npy"), "--json"]) == 0
+    assert main(["predict", str(artifact), str(tmp_path / "x.npy"), "--json", "--trust-code"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     np.testing.assert_allclose(np.array(summary["outputs"]["output"]), expected, rtol=1e-6, atol=1e-6)
     assert summary["argmax"]["output"] == expected.argmax(axis=1).tolist()
@@ -116,21 +118,22 @@ def test_predict_saves_atomically_and_keeps_a_good_file_on_error(artifact, tmp_p
     np.save(tmp_path / "x.npy", np.ones((2, 1, 8, 8), dtype=np.float32))
     np.save(tmp_path / "bad.npy", np.ones((1, 8, 8), dtype=np.float32))
     out = tmp_path / "out.npy"
-    assert main(["predict", str(artifact), str(tmp_path / "x.npy"), "--output", str(out)]) == 0
+    assert main(["predict", str(artifact), str(tmp_path / "x.npy"), "--output", str(out), "--trust-code"]) == 0
     saved = np.load(out)
     assert saved.shape == (2, 10)
-    assert main(["predict", str(artifact), str(tmp_path / "bad.npy"), "--output", str(out)]) == 2
+    assert main(["predict", str(artifact), str(tmp_path / "bad.npy"), "--output", str(out), "--trust-code"]) == 2
     assert "add the batch dimension" in capsys.readouterr().err
     np.testing.assert_array_equal(np.load(out), saved)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.npy", "out.npy", "x.npy"]  # no temporary left
-    assert main(["predict", str(artifact), str(tmp_path / "x.npy"), "--output", str(tmp_path / "out.txt")]) == 2
+    argv = ["predict", str(artifact), str(tmp_path / "x.npy"), "--output", str(tmp_path / "out.txt"), "--trust-code"]
+    assert main(argv) == 2
     assert "must end in .npy" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_predict_missing_files_exit_2_without_traceback(artifact, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "trainwise.cli", "predict", str(artifact), str(tmp_path / "none.npy")],
+        [sys.executable, "-m", "trainwise.cli", "predict", str(artifact), str(tmp_path / "none.npy"), "--trust-code"],
         capture_output=True,
         text=True,
     )
@@ -194,9 +197,13 @@ def test_predict_damaged_artifact_exits_2_with_one_line(small, format, damage, t
     bad = {"empty": b"", "truncated": data[: len(data) // 2], "random-bytes": np.random.default_rng(1).bytes(3000)}
     artifact = tmp_path / paths[format].name
     artifact.write_bytes(bad[damage])
-    assert main(["predict", str(artifact), str(batch)]) == 2
+    trust = ["--trust-code"] if format == "torchscript" else []  # trusted, a damaged program is still one line
+    assert main(["predict", str(artifact), str(batch), *trust]) == 2
     line = _one_line_error(capfd)
     assert line.startswith("trainwise predict: error: ") and "not a readable" in line
+    if format == "torchscript":  # untrusted, it is refused before torch reads it
+        assert main(["predict", str(artifact), str(batch)]) == 2
+        assert "pass --trust-code" in _one_line_error(capfd)
 
 
 def _save_input(kind: str, path: pathlib.Path, marker: pathlib.Path) -> pathlib.Path:

@@ -75,6 +75,12 @@ def _eval_outputs(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _load_own(path, **kwargs):
+    """An artifact this test has just exported: a TorchScript program is trusted (its bytes are the test's own,
+    and load_exported refuses it otherwise); the other formats are checked as any file."""
+    return load_exported(path, trust_code=str(path).endswith(".torchscript"), **kwargs)
+
+
 def _export_params():
     for name in MODELS:
         for format in ("torch.export", "torchscript", "onnx"):
@@ -99,7 +105,7 @@ def test_round_trip_parity_at_three_batch_sizes(exported):
     assert report.max_abs_diff is not None and report.max_abs_diff <= 1e-4
     assert len(report.batch_sizes) == 3 and example.shape[0] in report.batch_sizes and 1 in report.batch_sizes
     assert training_modes(model) == exported["modes"]  # exported in train mode, every mode restored
-    run = load_exported(exported["path"], device="cpu")
+    run = _load_own(exported["path"], device="cpu")
     assert run.format == exported["format"]
     for batch in (example.shape[0], 1, 4, 7):
         x = torch.randn(batch, *example.shape[1:])
@@ -111,7 +117,7 @@ def test_train_mode_export_gives_eval_outputs(exported):
     model, example = exported["model"], exported["example"]
     if not any(isinstance(m, (nn.Dropout, nn.BatchNorm2d)) and m.training for m in model.modules()):
         pytest.skip("no train-mode dropout or BatchNorm left")
-    run = load_exported(exported["path"])
+    run = _load_own(exported["path"])
     x = torch.randn(8, *example.shape[1:])
     torch.manual_seed(1)
     with torch.no_grad():
@@ -138,7 +144,7 @@ def test_sidecar_records_format_shapes_versions_and_parity(exported):
 
 
 def test_loaded_artifact_checks_inputs_against_the_sidecar(exported):
-    run = load_exported(exported["path"])
+    run = _load_own(exported["path"])
     shape = exported["example"].shape
     with pytest.raises(TrainwiseError, match="must be float32, got float64"):
         run(torch.randn(2, *shape[1:], dtype=torch.float64))
@@ -194,7 +200,7 @@ from trainwise import load_exported
 
 results = {}
 for artifact in sys.argv[3:]:
-    run = load_exported(artifact)
+    run = load_exported(artifact, trust_code=artifact.endswith(".torchscript"))  # the test's own TorchScript
     for batch in (1, 4):
         x = np.load(f"{FOLDER}/x{batch}.npy")
         expected = np.load(f"{FOLDER}/y{batch}.npy")
@@ -302,7 +308,7 @@ def test_data_dependent_control_flow_names_the_construct_and_a_format_that_works
     assert "format='torchscript'" in message and "\n" not in message
     assert not (tmp_path / "dd.pt2").exists() and list(tmp_path.iterdir()) == []
     report = trainwise.export(model, torch.randn(2, 4), tmp_path / "dd.torchscript", "torchscript")  # the fix
-    run = load_exported(report.path)
+    run = _load_own(report.path)
     for x in (torch.full((3, 4), 5.0), torch.full((3, 4), -5.0)):  # both branches survive scripting
         torch.testing.assert_close(run(x), _eval_outputs(model, x))
 
@@ -325,7 +331,7 @@ def test_torchscript_falls_back_to_tracing_with_a_warning(tmp_path):
         report = trainwise.export(model, torch.randn(2, 4), tmp_path / "va.torchscript", "torchscript")
     assert report.method == "trace" and report.verified
     x = torch.randn(5, 4)
-    torch.testing.assert_close(load_exported(report.path)(x), _eval_outputs(model, x))
+    torch.testing.assert_close(_load_own(report.path)(x), _eval_outputs(model, x))
 
 
 def test_parity_failure_raises_and_keeps_the_previous_file(tmp_path):
@@ -380,7 +386,7 @@ def test_tuple_outputs_round_trip(tmp_path):
     report = trainwise.export(model, (torch.randn(2, 4), torch.rand(2, 1)), tmp_path / "two.torchscript", "torchscript")
     assert [spec["name"] for spec in report.inputs] == ["x", "scale"]
     assert [spec["dtype"] for spec in report.outputs] == ["float32", "int64"]
-    logits, labels = load_exported(report.path)(torch.randn(5, 4), torch.rand(5, 1))
+    logits, labels = _load_own(report.path)(torch.randn(5, 4), torch.rand(5, 1))
     assert logits.shape == (5, 3) and labels.dtype == torch.int64
 
 
@@ -477,10 +483,13 @@ def _format_params():
 def test_damaged_artifacts_are_one_sentence(small_artifacts, format, corruption, tmp_path):
     artifact = _damaged(small_artifacts, format, corruption, tmp_path)
     with pytest.raises(TrainwiseError) as caught:
-        load_exported(artifact)
+        _load_own(artifact)  # a damaged TorchScript file, even trusted, is one sentence
     message = str(caught.value)
     assert len(message.splitlines()) == 1 and message.endswith(".")
     assert str(artifact) in message and "export the model again" in message
+    if format == "torchscript":  # untrusted, it is refused before anything reads it
+        with pytest.raises(TrainwiseError, match="pass trust_code=True"):
+            load_exported(artifact)
 
 
 def _nested(depth: int) -> str:
@@ -537,7 +546,10 @@ def test_a_torchscript_file_named_pt2_loads_only_when_format_says_so(small_artif
     artifact.write_bytes(small_artifacts["torchscript"].read_bytes())  # a TorchScript program named .pt2
     with pytest.raises(TrainwiseError, match=r"not a readable \.pt2"):
         load_exported(artifact)
-    assert load_exported(artifact, format="torchscript")(torch.randn(2, 6)).shape == (2, 3)  # the user's choice
+    with pytest.raises(TrainwiseError, match="pass trust_code=True"):  # still a program: trust is asked for
+        load_exported(artifact, format="torchscript")
+    loaded = load_exported(artifact, format="torchscript", trust_code=True)  # the user's choice, trusted
+    assert loaded(torch.randn(2, 6)).shape == (2, 3)
 
 
 class _Marked(torch.Tensor):
@@ -616,8 +628,8 @@ def test_outputs_selects_fields_of_a_dict(tmp_path, format):
         )
     assert [spec["name"] for spec in one.outputs] == ["logits"] and one.outputs[0]["shape"] == ["batch", 3]
     assert [spec["name"] for spec in two.outputs] == ["features", "logits"]
-    torch.testing.assert_close(load_exported(one.path)(x), expected["logits"], **TOL)  # the tensor itself
-    features, logits = load_exported(two.path)(x)
+    torch.testing.assert_close(_load_own(one.path)(x), expected["logits"], **TOL)  # the tensor itself
+    features, logits = _load_own(two.path)(x)
     torch.testing.assert_close(features, expected["features"], **TOL)
     torch.testing.assert_close(logits, expected["logits"], **TOL)
     assert json.loads(one.sidecar.read_text())["single_output"] is True

@@ -71,6 +71,10 @@ def register(sub: Any) -> None:
     predictor.add_argument("--output", "-o", metavar="OUT.npy", help="save the outputs (.npy, or .npz for several)")
     predictor.add_argument("--format", default=None, choices=FORMATS, help="only when there is no sidecar")
     predictor.add_argument("--json", action="store_true", help="print the outputs as one JSON line")
+    predictor.add_argument(
+        "--trust-code", action="store_true",
+        help="run a TorchScript file (a program) or an unchecked ONNX graph: only for files you trust like code",
+    )
     predictor.set_defaults(run=run_predict)
 
 
@@ -282,7 +286,7 @@ def run_predict(args: argparse.Namespace) -> int:
 
     source = Path(args.input)
     try:
-        artifact = load_exported(args.artifact, format=args.format)
+        artifact = load_exported(args.artifact, format=args.format, trust_code=args.trust_code)
     except NotAnArtifactError as exc:
         raise TrainwiseError(_export_first(exc, source, args.format)) from None
     arrays = _read_inputs(source, artifact.input_names)

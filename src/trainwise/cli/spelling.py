@@ -28,7 +28,7 @@ _FLAGS: dict[str, dict[str, str]] = {
         "seed": "--seed",
     },
     "export": {"format": "--format", "atol": "--atol", "rtol": "--rtol", "outputs": "--outputs"},
-    "predict": {"format": "--format"},
+    "predict": {"format": "--format", "trust_code": "--trust-code"},
 }
 # Keyword and value that read as a flag of their own.
 _SPECIAL: dict[tuple[str, str, str], str] = {

@@ -17,6 +17,7 @@ figures. Fundamental 11: a ``state_dict`` needs the training code, these artifac
 - :mod:`~trainwise.exporting.verify`: the parity check and :class:`ExportReport`.
 - :mod:`~trainwise.exporting.load`: :func:`load_exported` and :class:`ExportedModel`.
 - :mod:`~trainwise.exporting.pt2_check`: the check between an untrusted ``.pt2`` and ``torch.export.load``.
+- :mod:`~trainwise.exporting.onnx_check`: the check between an untrusted ``.onnx`` and onnxruntime.
 - :mod:`~trainwise.exporting.sidecar`: the ``<artifact>.json`` sidecar, read back checked.
 - :mod:`~trainwise.exporting.common`: the formats, the warning and the wording every part shares.
 

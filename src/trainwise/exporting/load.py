@@ -1,9 +1,12 @@
 """Loading an artifact as a callable, without the model's source: :func:`load_exported`. A checkpoint given
-instead is refused by name, and a ``.pt2`` passes :mod:`~trainwise.exporting.pt2_check` before torch reads it."""
+instead is refused by name, a ``.pt2`` passes :mod:`~trainwise.exporting.pt2_check` before torch reads it, an
+``.onnx`` passes :mod:`~trainwise.exporting.onnx_check` before onnxruntime does, and TorchScript (a program) is
+loaded only with ``trust_code=True``."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import logging
 import os
@@ -17,7 +20,17 @@ import numpy as np
 import torch
 
 from trainwise.errors import TrainwiseError
-from trainwise.exporting.common import FORMATS, Format, _a, _first_line, _quiet_jit, _require, _shape_text
+from trainwise.exporting.common import (
+    FORMATS,
+    ONNX_INSTALL,
+    Format,
+    _a,
+    _first_line,
+    _quiet_jit,
+    _require,
+    _shape_text,
+)
+from trainwise.exporting.onnx_check import check_model, has_external_data
 from trainwise.exporting.pt2_check import Refused, check_archive
 from trainwise.exporting.sidecar import _read_sidecar, _sidecar_path
 
@@ -82,6 +95,7 @@ def load_exported(
     *,
     format: Format | None = None,
     device: str | torch.device | None = None,
+    trust_code: bool = False,
 ) -> ExportedModel:
     """Load an artifact written by :func:`export` (or any .pt2, TorchScript or .onnx file) as a callable.
 
@@ -92,9 +106,12 @@ def load_exported(
     A ``.pt2`` is checked before torch reads it and refused (TrainwiseError naming the entry) unless it holds only
     what ``torch.export.save`` writes for a plain model: no pickles that torch would load with
     ``weights_only=False``, no native code, aten operators only and no Python source in names, shape expressions
-    or guards, so loading one from elsewhere runs no code. TorchScript and ONNX files are programs: load those only
-    from sources you trust like code (docs/security.md). A damaged artifact or sidecar is one sentence too, and a
-    checkpoint given in place of an artifact (a ``torch.save`` or safetensors file, whatever its name) is refused
+    or guards, so loading one from elsewhere runs no code (``trust_code`` changes nothing there). A TorchScript
+    file is a program that torch runs as it loads it: it is refused unless ``trust_code=True`` (say so only for a
+    file you trust like code). An ONNX graph is checked with the ``onnx`` package first and refused, unless
+    ``trust_code=True``, when a node needs a custom operator library or external data lies outside the
+    artifact's folder (docs/security.md). A damaged artifact or sidecar is one sentence too, and a checkpoint
+    given in place of an artifact (a ``torch.save`` or safetensors file, whatever its name) is refused
     with :class:`NotAnArtifactError`, read with ``weights_only=True`` only to say what it is.
     """
     artifact = Path(path)
@@ -103,11 +120,16 @@ def load_exported(
             f"no exported model at {artifact}; check the path (trainwise export, or trainwise.export() in Python, "
             "writes one)."
         )
-    return _load(artifact, format, device, _read_sidecar(artifact))
+    return _load(artifact, format, device, _read_sidecar(artifact), trust_code=trust_code)
 
 
 def _load(
-    artifact: Path, format: str | None, device: str | torch.device | None, metadata: dict[str, Any]
+    artifact: Path,
+    format: str | None,
+    device: str | torch.device | None,
+    metadata: dict[str, Any],
+    *,
+    trust_code: bool,
 ) -> ExportedModel:
     _refuse_checkpoint(artifact)
     by_suffix = _SUFFIX_FORMATS.get(artifact.suffix.lower())
@@ -124,6 +146,12 @@ def _load(
             f"cannot tell the format of {artifact} (no sidecar {_sidecar_path(artifact).name}, suffix "
             f"{artifact.suffix!r}); pass format= one of {', '.join(FORMATS)}."
         )
+    if format == "torchscript" and not trust_code:  # before torch reads a byte of it
+        raise TrainwiseError(
+            f"refusing to load {artifact}: a TorchScript file is a program that torch runs as it loads it; pass "
+            "trust_code=True if it comes from a source you trust like code, or export the model as .pt2 (the "
+            "default format), which trainwise checks and loads without running code."
+        )
     try:
         target = None if device is None else torch.device(device)
     except (RuntimeError, TypeError, ValueError):
@@ -132,7 +160,7 @@ def _load(
         return _load_torch_export(artifact, metadata, target)
     if format == "torchscript":
         return _load_torchscript(artifact, metadata, target)
-    return _load_onnx(artifact, metadata, target)
+    return _load_onnx(artifact, metadata, target, trust_code=trust_code)
 
 
 def _refuse_checkpoint(artifact: Path) -> None:
@@ -209,8 +237,8 @@ def _unreadable(artifact: Path, kind: str, exc: BaseException) -> TrainwiseError
 
 
 def _load_torchscript(artifact: Path, metadata: dict[str, Any], device: torch.device | None) -> ExportedModel:
-    # A TorchScript file is a program: torch.jit.load compiles its code and runs its __setstate__ methods. It is
-    # trusted like code (docs/security.md); here only unreadable files are turned into one sentence.
+    # A TorchScript file is a program: torch.jit.load compiles its code and runs its __setstate__ methods. Only a
+    # caller who said trust_code=True gets here (docs/security.md); only unreadable files become one sentence.
     try:
         with _quiet_jit():
             module = torch.jit.load(str(artifact), map_location=device)
@@ -258,13 +286,20 @@ def _quiet_torch_export_load() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def _load_onnx(artifact: Path, metadata: dict[str, Any], device: torch.device | None) -> ExportedModel:
+def _load_onnx(
+    artifact: Path, metadata: dict[str, Any], device: torch.device | None, *, trust_code: bool
+) -> ExportedModel:
     ort = _require("onnxruntime", "Running an ONNX artifact")
     providers = ["CPUExecutionProvider"]
     if device is not None and device.type == "cuda":
         providers.insert(0, "CUDAExecutionProvider")
+    source: str | bytes = str(artifact)
+    options = ort.SessionOptions()
+    if not trust_code:
+        source = _check_onnx(artifact)
+        options.add_session_config_entry("session.load_model_format", "ONNX")  # never the unchecked .ort format
     try:
-        session = ort.InferenceSession(str(artifact), providers=providers)
+        session = ort.InferenceSession(source, sess_options=options, providers=providers)
     except Exception as exc:
         raise _unreadable(artifact, "ONNX", exc) from None
     names = [node.name for node in session.get_inputs()]
@@ -276,6 +311,35 @@ def _load_onnx(artifact: Path, metadata: dict[str, Any], device: torch.device | 
         return tuple(torch.from_numpy(np.asarray(out)) for out in session.run(None, feed))
 
     return ExportedModel(artifact, "onnx", metadata, run, f"onnxruntime {ort.__version__}", device)
+
+
+def _check_onnx(artifact: Path) -> str | bytes:
+    """Parse ``artifact`` with the ``onnx`` package and refuse it (one sentence) when :func:`check_model` finds a
+    custom operator domain or external data outside its folder; return what onnxruntime should load: the checked
+    bytes, or the path when external data must be found next to it (onnxruntime resolves it from the path)."""
+    try:
+        onnx = importlib.import_module("onnx")
+    except ImportError:
+        raise TrainwiseError(
+            f"refusing to load {artifact} unchecked: checking an ONNX graph before onnxruntime runs it needs the "
+            f"onnx package, which is not installed; {ONNX_INSTALL}, or pass trust_code=True if the file comes from "
+            "a source you trust like code."
+        ) from None
+    try:
+        data = artifact.read_bytes()
+    except OSError as exc:
+        raise TrainwiseError(f"cannot read {artifact} ({exc.strerror or exc}); check the file's permissions.") from None
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception as exc:  # protobuf's DecodeError on anything that is not a ModelProto
+        raise _unreadable(artifact, "ONNX", exc) from None
+    problem = check_model(model, artifact.parent)
+    if problem:
+        raise TrainwiseError(
+            f"refusing to load {artifact}: {problem}; pass trust_code=True if the file comes from a source you trust "
+            "like code, or export the model again with trainwise export."
+        )
+    return str(artifact) if has_external_data(model) else data
 
 
 def _check_pt2(data: bytes, artifact: Path) -> None:

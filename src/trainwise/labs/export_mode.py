@@ -49,11 +49,12 @@ def measure() -> LabResult:
             warnings.simplefilter("ignore")  # torch.jit's deprecation and tracer warnings
             traced = torch.jit.trace(copy.deepcopy(model).train(), example, check_trace=False)
             torch.jit.save(traced, str(Path(folder) / "train-mode.torchscript"))
-        wrong = compare(trainwise.load_exported(Path(folder) / "train-mode.torchscript"))  # the checked loader
+        # Loaded back with the checked loader; trust_code=True: this TorchScript program is the one just written.
+        wrong = compare(trainwise.load_exported(Path(folder) / "train-mode.torchscript", trust_code=True))
         # The right way: trainwise.export puts the model in eval mode and checks the artifact against eager.
         model.train()  # as it would be in the middle of training; export switches to eval mode and restores this
         report = trainwise.export(model, example, Path(folder) / "eval-mode.torchscript", format="torchscript")
-        right = compare(trainwise.load_exported(report.path))
+        right = compare(trainwise.load_exported(report.path, trust_code=True))
         restored = model.training
     scale = float(expected.abs().max())
     figures = {
