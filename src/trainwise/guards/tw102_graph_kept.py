@@ -4,7 +4,8 @@ Each training forward's output gets a token: a tiny object stored in the ``metad
 ``grad_fn`` node (about 1 µs, cheaper than a hook). The node owns it, so the token lives exactly as long as
 that forward's autograd graph; the guard holds it only by a weak reference. A token still alive two optimizer
 steps after its forward means something (``total += loss``, ``losses.append(loss)``, a dict entry) keeps the
-graph. The output itself is not touched: same object, same values, in-place operations still allowed.
+graph. The output itself is not touched: same object, same values, in-place operations still allowed. Only the
+forwards of one step in eight are tagged (the first step's always): what keeps one graph keeps them all.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ _WHERE = "(the model)"
 _KEY = "trainwise.TW102"  # the token's key in grad_fn.metadata
 _LAG = 3  # a forward made when guard.step was s is judged after step s + 3: two full steps after its own
 _MAX_PENDING = 4096  # forwards waiting for their verdict, at most (a loop whose optimizer never steps)
+# the training forwards of one optimizer step in _SAMPLE are tagged (steps 0, 8, 16...): a loop that keeps graphs
+# keeps them every step, so the sampled ones show it, at an eighth of the cost (the first step is always tagged)
+_SAMPLE = 8
 
 
 class GraphLifetime:
@@ -41,6 +45,11 @@ class GraphKeptAcrossSteps(Check):
         super().__init__(guard)
         self._pending: collections.deque[tuple[int, weakref.ref[GraphLifetime]]] = collections.deque()
         self._done = False
+        self._tagging = True  # after_forward is called (a sampled step)
+
+    def _tag_forwards(self, on: bool) -> None:
+        self._tagging = on
+        self.guard.listen(self, "after_forward", on)
 
     def after_forward(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -62,6 +71,9 @@ class GraphKeptAcrossSteps(Check):
         return None
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        due = self.guard.step % _SAMPLE == 0 and not self._done
+        if due != self._tagging:
+            self._tag_forwards(due)
         pending = self._pending
         if not pending:
             return

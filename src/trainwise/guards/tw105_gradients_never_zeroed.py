@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import operator
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -12,10 +11,7 @@ import torch
 
 from trainwise.guards.check import Check
 
-_WATCHED = 4  # parameters whose gradient tensors are followed from one step to the next
-_GRAD = operator.attrgetter("grad")
-_CALL = operator.methodcaller("__call__")  # a weak reference's referent
-_NOT_NONE = functools.partial(operator.is_not, None)
+_CANDIDATES = 4  # the first parameters, of which the first with a gradient has it followed from step to step
 
 
 class GradientsNeverZeroed(Check):
@@ -34,14 +30,17 @@ class GradientsNeverZeroed(Check):
     def on_install(self) -> None:
         self._zeroed = False
         self._done = False
-        self._last: list[weakref.ref[torch.Tensor]] = []  # the watched gradients after the last step
-        self._last_params: list[torch.Tensor] = []  # their parameters
+        # the followed gradient as the last step applied it, and its parameter: one only, since a weak reference
+        # to a gradient costs about a microsecond a step (torch keeps the tensor's Python object alive for it)
+        self._last: weakref.ref[torch.Tensor] | None = None
+        self._last_param: torch.Tensor | None = None
         self._saved: list[tuple[Any, Any]] = []  # (owner, its own zero_grad attribute or None) to restore
+        self.guard.listen(self, "after_step", False)  # needed only once a step is given a closure
         optimizer = self.guard.optimizer
         if optimizer is None:
             self._watched: list[torch.Tensor] = []
             return
-        self._watched = [p for group in optimizer.param_groups for p in group["params"]][:_WATCHED]
+        self._watched = [p for group in optimizer.param_groups for p in group["params"]][:_CANDIDATES]
         for owner in [*self.guard.optimizer_layers, *self.guard.model_layers]:
             self._wrap(owner)
 
@@ -54,33 +53,37 @@ class GradientsNeverZeroed(Check):
         self._zeroed = True
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if not self.guard.closure_step:  # otherwise the gradients this step applies do not exist yet
+        if self.guard.closure_step:  # the gradients this step applies do not exist yet: judged after it
+            self.guard.listen(self, "after_step", True)
+            return
+        self._judge(optimizer)
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.guard.closure_step:
             self._judge(optimizer)
 
     def _judge(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._zeroed or self._done or not self._last:
+        """Report when no zeroing ran and the followed gradient is the tensor the last step applied; then follow
+        the gradient this step applies (a step never replaces gradients)."""
+        if self._zeroed:
             self._zeroed = False
-            return
-        if all(map(operator.is_, map(_GRAD, self._last_params), map(_CALL, self._last))):
+        elif self._last is not None and self._last_param.grad is self._last():  # type: ignore[union-attr]
             self._done = True
+            self.guard.listen(self, "before_step", False)
+            self.guard.listen(self, "after_step", False)
             self.guard.report(
                 self.code, type(optimizer).__name__,
                 "no zero_grad() ran since the last step and backward() added to the same gradients, so this step "
                 "applies every earlier batch's gradient again; call optimizer.zero_grad(set_to_none=True) once "
                 "per step, before backward() or after step().",
             )
-
-    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.guard.closure_step:
-            self._judge(optimizer)
-        if self._done:
             return
-        grads = list(map(_GRAD, self._watched))  # map runs in C: this is on every step's path
-        if all(map(_NOT_NONE, grads)):
-            self._last, self._last_params = list(map(weakref.ref, grads)), self._watched
-        else:
-            kept = [(p, g) for p, g in zip(self._watched, grads) if g is not None]
-            self._last, self._last_params = [weakref.ref(g) for _, g in kept], [p for p, _ in kept]
+        for param in self._watched:
+            grad = param.grad
+            if grad is not None:
+                self._last, self._last_param = weakref.ref(grad), param
+                return
+        self._last = self._last_param = None
 
     def close(self) -> None:
         for owner, own in self._saved:
@@ -89,7 +92,7 @@ class GradientsNeverZeroed(Check):
             else:
                 object.__setattr__(owner, "zero_grad", own)
         self._saved.clear()
-        self._last.clear()
+        self._last = self._last_param = None
 
 
 class _ZeroGradSpy:

@@ -28,8 +28,14 @@ def called_from_grad_scaler() -> bool:
     return False
 
 
+# one C call that says whether any autocast is on (torch.nn.RNN uses it too); without it, the two per device
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
 def _float16_autocast() -> bool:
     """Whether autocast is on with float16 for CUDA or the CPU right now."""
+    if not _any_autocast():
+        return False
     for device_type in _DEVICE_TYPES:
         if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) is torch.float16:
             return True
