@@ -81,7 +81,7 @@ class Guard:
     ``forward_every=k`` (with an optimizer) hooks the model's forward only during one optimizer step in ``k``
     (steps 0, k, 2k...; the hooks are removed in between), for mistakes that repeat on every step: the
     forward-time checks then cost 1/k of their time. Inside ``with guard.watching_forwards():`` every forward
-    is checked. The optimizer-step checks (TW105, TW107, TW113) run on every step either way.
+    is checked. The optimizer-step checks (TW105, TW107) run on every step either way, TW113 at every check.
 
     ``model`` and ``optimizer`` may be wrapped (DDP, ``torch.compile``; Accelerate's or Lightning's optimizer):
     the checks look at the user's module (``guard.model``) and at the optimizer that really steps
