@@ -11,7 +11,17 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainwise.doctor.context.syntax import Binding, argument, dotted, is_param, keyword, position
+from trainwise.doctor.context.syntax import (
+    DEFINITIONS,
+    Binding,
+    argument,
+    dotted,
+    is_param,
+    keyword,
+    last_name,
+    position,
+    walk_own,
+)
 
 if TYPE_CHECKING:
     from trainwise.doctor.context import Context
@@ -32,6 +42,13 @@ _PREFIX_TOOLS = frozenset({"consume_prefix_in_state_dict_if_present", "removepre
                            "remove_prefix", "unwrap_model"})
 _MOVES = ("to", "cuda", "cpu", "float", "half", "double", "eval", "train", "requires_grad_")
 _READS = frozenset({"keys", "items", "values", "get"})  # dict methods that leave the keys as they are
+# Calls that tell the user about a key: print, warnings.warn, logger.warning/info/error.
+_REPORTS = frozenset({"print", "warn", "warning", "info", "error", "debug", "log", "write"})
+_COPIES = frozenset({"dict", "OrderedDict", "copy", "deepcopy"})  # f(d): a dict with the keys of d
+_SAME_KEYS = frozenset({"get", "copy", "items", "keys", "pop"})  # d.get(...), d.copy(): d's keys (or d's value)
+_VIEWS = frozenset({"set", "frozenset", "list", "sorted", "tuple"})  # set(d), sorted(d.keys()): d's keys
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+_SET_TESTS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)  # a.keys() == b.keys(), a.keys() <= b.keys()
 Keys = tuple[str, ...]
 
 
@@ -261,3 +278,159 @@ class Checkpoints:
                 if not left or left != right:
                     return False
         return True
+
+    # ------------------------------------------------------------------ keys compared before a non-strict load
+    def keys_checked(self, load: ast.Call) -> bool:
+        """Whether the function around ``model.load_state_dict(state, strict=False)`` compares the keys itself
+        before the load and looks at the outcome: the keys of ``state`` (or of a dict it is built from) or of
+        ``model.state_dict()`` in a set difference, an ``in`` test of each key of one against the other, or
+        ``==``/``<=`` of key sets, whose result is raised, reported, asserted, returned or tested with a raise
+        or a report in the branch (``if missing: raise``). A comparison that only filters what is loaded
+        (``{k: v for k, v in sd.items() if k in model_sd}``) looks at nothing and does not count."""
+        state = load.args[0] if load.args else getattr(keyword(load, "state_dict"), "value", None)
+        if state is None or not isinstance(load.func, ast.Attribute):
+            return False
+        scope = self.ctx.scope(load)
+        names, built = self._built_from(state, load)
+        target = dotted(load.func.value)
+        for tp in (ast.Compare, ast.BinOp):
+            for node in self.ctx.nodes(tp):
+                if position(node) >= position(load) or self.ctx.scope(node) is not scope:
+                    continue
+                if (self._compares_keys(node, names, target) and self._looked_at(node, scope, 0)
+                        and not any(self.ctx.is_inside(node, expr) for expr in built)):  # a filter of what is loaded
+                    return True
+        return False
+
+    def _built_from(self, state: ast.expr, load: ast.AST) -> tuple[set[str], list[ast.expr]]:
+        """The names whose dicts ``state`` takes its keys from (``sd = ckpt["model"]``, ``sd = {k: f(v) for k, v
+        in sd.items()}``, ``dict(sd)``), and the expressions that build it from them, before ``load``."""
+        names: set[str] = set()
+        built: list[ast.expr] = []
+        work = [state]
+        while work and len(built) < 64:
+            expr = work.pop()
+            built.append(expr)
+            if isinstance(expr, ast.Name):
+                if expr.id in names:
+                    continue
+                names.add(expr.id)
+                for b in self.ctx.lookup(expr.id, load):
+                    if b.kind in ("assign", "walrus") and b.value is not None and position(b.stmt) < position(load):
+                        work.append(b.value)
+            elif isinstance(expr, ast.Subscript):
+                work.append(expr.value)  # ckpt["model"]
+            elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in _SAME_KEYS:
+                work.append(expr.func.value)
+                work.extend(expr.args[1:2])  # ckpt.get("model", ckpt)
+            elif isinstance(expr, ast.Call) and last_name(expr.func) in _COPIES and len(expr.args) == 1:
+                work.append(expr.args[0])
+            elif isinstance(expr, ast.DictComp):
+                work.extend(gen.iter for gen in expr.generators)
+            elif isinstance(expr, ast.Dict):
+                work.extend(v for k, v in zip(expr.keys, expr.values) if k is None)  # {**a, **b}
+            elif isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.BitOr):
+                work.extend((expr.left, expr.right))
+            elif isinstance(expr, ast.IfExp):
+                work.extend((expr.body, expr.orelse))
+        return names, built
+
+    def _compares_keys(self, node: ast.AST, names: set[str], target: str | None) -> bool:
+        """``set(a) - set(b)`` (``^``), ``k in b`` for each ``k`` of ``a``, ``a.keys() == b.keys()``: two key
+        collections compared, one of them the loaded dict's (``names``) or the target's ``state_dict()``."""
+        if isinstance(node, ast.BinOp):
+            if not isinstance(node.op, (ast.Sub, ast.BitXor)):
+                return False
+            sides = [self._key_set(side, node, shaped=True) for side in (node.left, node.right)]
+        elif isinstance(node, ast.Compare) and len(node.ops) == 1:
+            if isinstance(node.ops[0], (ast.In, ast.NotIn)):
+                element = self._iterated(node.left, node) if isinstance(node.left, ast.Name) else None
+                sides = [element, self._key_set(node.comparators[0], node, shaped=False)]
+            elif isinstance(node.ops[0], _SET_TESTS):
+                sides = [self._key_set(side, node, shaped=True) for side in (node.left, node.comparators[0])]
+            else:
+                return False
+        else:
+            return False
+        return None not in sides and any(self._related(side, names, target) for side in sides)
+
+    def _key_set(self, expr: ast.AST, at: ast.AST, *, shaped: bool, depth: int = 0) -> ast.AST | None:
+        """The dict whose keys ``expr`` is: ``d.keys()``, ``set(d)``, ``sorted(d.keys())``, a name bound to one
+        of these; with ``shaped=False`` (the right side of ``in``) also ``d`` itself. None for anything else."""
+        viewed = False
+        while isinstance(expr, ast.Call) and len(expr.args) <= 1 and not expr.keywords:
+            if isinstance(expr.func, ast.Attribute) and expr.func.attr == "keys" and not expr.args:
+                expr = expr.func.value
+            elif isinstance(expr.func, ast.Name) and expr.func.id in _VIEWS and expr.args:
+                expr = expr.args[0]
+            else:
+                break
+            viewed = True
+        if viewed or not shaped:
+            return expr if not isinstance(expr, (ast.Constant, ast.List, ast.Tuple, ast.Set)) else None
+        if isinstance(expr, ast.Name) and depth < 3:
+            binding = self.only_binding(expr, at)
+            if binding is not None:
+                return self._key_set(binding.value, binding.stmt, shaped=True, depth=depth + 1)  # type: ignore[arg-type]
+        return None
+
+    def _iterated(self, name: ast.Name, at: ast.AST) -> ast.AST | None:
+        """The dict whose keys a loop variable runs over at ``at``: ``for k in d``, ``for k, v in d.items()``,
+        ``[k for k in d.keys() if ...]``."""
+        for parent in self.ctx.ancestors(at):
+            if isinstance(parent, DEFINITIONS):
+                return None
+            loops = parent.generators if isinstance(parent, _COMPREHENSIONS) else (
+                [parent] if isinstance(parent, (ast.For, ast.AsyncFor)) else [])
+            for loop in loops:
+                target, it = loop.target, loop.iter
+                if isinstance(target, ast.Tuple) and target.elts and isinstance(it, ast.Call) and (
+                        isinstance(it.func, ast.Attribute) and it.func.attr == "items" and not it.args):
+                    target, it = target.elts[0], it.func.value
+                if isinstance(target, ast.Name) and target.id == name.id:
+                    return self._key_set(it, loop, shaped=False)
+        return None
+
+    def _related(self, keys_of: ast.AST, names: set[str], target: str | None, depth: int = 0) -> bool:
+        """Whether a dict is the loaded one (or one it is built from), or the target's ``state_dict()``
+        (directly or through a name bound to it)."""
+        if isinstance(keys_of, ast.Call) and isinstance(keys_of.func, ast.Attribute):
+            return (keys_of.func.attr == "state_dict" and not keys_of.args and target is not None
+                    and dotted(keys_of.func.value) == target)
+        if not isinstance(keys_of, ast.Name):
+            return False
+        if keys_of.id in names:
+            return True
+        binding = self.only_binding(keys_of, keys_of) if depth < 3 else None
+        if binding is None:
+            return False
+        value = self._key_set(binding.value, binding.stmt, shaped=False)  # type: ignore[arg-type]
+        return value is not None and self._related(value, names, target, depth + 1)
+
+    def _looked_at(self, node: ast.AST, scope: ast.AST, depth: int) -> bool:
+        """Whether the value of ``node`` is raised, reported, asserted, returned, tested (or looped over) with a
+        raise or a report in the branch; or assigned to a name read later in one of these ways."""
+        child = node
+        for parent in self.ctx.ancestors(node):
+            if isinstance(parent, ast.Call) and child is not parent.func and last_name(parent.func) in _REPORTS:
+                return True
+            if isinstance(parent, (ast.Assert, ast.Raise, ast.Return)):
+                return True
+            if (isinstance(parent, (ast.If, ast.While, ast.IfExp)) and child is parent.test) or (
+                    isinstance(parent, (ast.For, ast.AsyncFor)) and child is parent.iter):
+                body, orelse = parent.body, parent.orelse
+                branches = body + orelse if isinstance(body, list) else [body, orelse]  # an IfExp's are expressions
+                return any(isinstance(n, ast.Raise) or (isinstance(n, ast.Call) and last_name(n.func) in _REPORTS)
+                           for n in walk_own(branches))
+            if isinstance(parent, (ast.Assign, ast.AnnAssign)) and child is parent.value and depth < 3:
+                targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+                assigned = {t.id for t in targets if isinstance(t, ast.Name)}
+                return any(
+                    name.id in assigned and isinstance(name.ctx, ast.Load) and position(name) > position(parent)
+                    and self.ctx.is_inside(self.ctx.scope(name), scope) and self._looked_at(name, scope, depth + 1)
+                    for name in self.ctx.nodes(ast.Name)
+                )
+            if isinstance(parent, (ast.stmt, *DEFINITIONS)):
+                return False
+            child = parent
+        return False

@@ -12,16 +12,12 @@ from trainwise.doctor.context import (
     is_const,
     is_param,
     keyword,
-    last_name,
     position,
     walk_own,
 )
 from trainwise.doctor.context.checkpoints import WRAPPER_NAMES, Checkpoints, Keys
 from trainwise.doctor.functions import constant_of
 from trainwise.doctor.rule import Related, Rule
-
-# Calls that tell the user about a key: print, warnings.warn, logger.warning/info/error.
-_REPORTS = frozenset({"print", "warn", "warning", "info", "error", "debug", "log", "write"})
 
 
 @dataclass(frozen=True)
@@ -65,8 +61,13 @@ class UncheckedNonStrictLoad(Rule):
     (or use `trainwise.checkpoint.load_weights`, which fixes the prefixes and reports what was left out).
 
     The rule stays silent when the result is used: assigned and then read, printed, asserted or returned,
-    and when the loaded dict is built key by key from the model's own `state_dict()` with a message for the
-    keys it leaves out (`for k, v in model.state_dict().items(): if k not in ckpt: logger.warning(...)`).
+    and when the function compares the keys itself before the load and looks at the outcome: the keys of the
+    loaded dict (or of a dict it is built from) or of the model's own `state_dict()` in a set difference
+    (`set(sd.keys()) - set(model.state_dict().keys())`), an `in` test of each key (`[k for k in model_keys if
+    k not in loaded_keys]`, `for k, v in model.state_dict().items(): if k not in ckpt: logger.warning(...)`)
+    or `==`/`<=` of key sets, whose result is raised, reported, asserted, returned or tested with a raise or a
+    report in the branch. Keys that are only counted (`len(sd)`), filtered (`{k: v for k, v in sd.items() if
+    k in model_sd}`, a prefix) or tested for one name (`"state_dict" in ckpt`) tell nobody what was skipped.
     On the saved-wrapped form it stays silent when the state dict was taken from `dp_model.module` (or
     `._orig_mod`), when it is loaded into the wrapped model (the DDP tutorial's
     `ddp_model.load_state_dict(...)`), when its keys are rewritten or the loaded dict is passed to anything
@@ -114,8 +115,7 @@ class UncheckedNonStrictLoad(Rule):
             if strict_value is None or is_const(strict_value, True):
                 self._check_prefix(node)
             return
-        state = node.args[0] if node.args else getattr(keyword(node, "state_dict"), "value", None)
-        if state is not None and self._checked_key_by_key(state, node):
+        if self.ctx.analysis(Checkpoints).keys_checked(node):
             return
         parent = self.ctx.parent(node)
         if isinstance(parent, ast.Expr):
@@ -139,35 +139,6 @@ class UncheckedNonStrictLoad(Rule):
                 self.report(node, f"the keys that load_state_dict(strict=False) could not match are assigned to "
                                   f"`{', '.join(names)}` but never read; a checkpoint whose keys do not match "
                                   f"loads nothing, silently")
-
-    def _checked_key_by_key(self, state: ast.AST, load: ast.Call) -> bool:
-        """The loaded dict is built key by key from the model's own ``state_dict()``, with a message for the
-        keys it leaves out (YOLOX's ``load_ckpt``: ``for key, v in model.state_dict().items(): if key not in
-        ckpt: logger.warning(...)``): nothing is dropped silently."""
-        if not isinstance(state, ast.Name):
-            return False
-        scope = self.ctx.scope(load)
-        for loop in self.ctx.nodes(ast.For):
-            if self.ctx.scope(loop) is not scope or position(loop) > position(load):
-                continue
-            if not self._over_state_dict(loop.iter, loop):  # type: ignore[attr-defined]
-                continue
-            inner = [n for stmt in loop.body for n in ast.walk(stmt)]  # type: ignore[attr-defined]
-            fills = any(isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name)
-                        and n.value.id == state.id for n in inner)
-            reports = any(isinstance(n, ast.Call) and (last_name(n.func) or "") in _REPORTS for n in inner)
-            if fills and reports:
-                return True
-        return False
-
-    def _over_state_dict(self, expr: ast.AST, at: ast.AST) -> bool:
-        """``model.state_dict().items()`` (``.keys()``, or a name bound to ``model.state_dict()``)."""
-        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in ("items", "keys"):
-            expr = expr.func.value
-        if isinstance(expr, ast.Name):
-            binding = self.ctx.analysis(Checkpoints).only_binding(expr, at)
-            expr = binding.value if binding is not None else expr  # type: ignore[assignment]
-        return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "state_dict"
 
     def _read_later(self, names: set[str], stmt: ast.AST) -> bool:
         scope = self.ctx.scope(stmt)
