@@ -5,7 +5,8 @@ next, or extended after the backbone returns it) were reported as TW102, "kept a
 findings in these model files, and one more in ``integrations/integration_utils.py``, where
 ``clearml.OutputModel(...)`` constructs an object that was taken for a model's output. The real bug in
 ``unispeech_sat`` (``self.layer_norm_for_extract.requires_grad = False`` sets an attribute on a module and
-freezes nothing: TW110) must stay. The files are read from the installed package, not imported.
+freezes nothing: TW110) must stay. Two non-strict loads whose function compares the keys itself first and
+raises were reported as TW302 (issue 29). The files are read from the installed package, not imported.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ FALSE_TW102 = [
     "models/pp_ocrv5_server_det/modular_pp_ocrv5_server_det.py",  # 639, 652
     "models/pp_ocrv6_medium_det/modeling_pp_ocrv6_medium_det.py",  # 278, 291
 ]
+# load_state_dict(strict=False) after the function compared the keys and raised on a mismatch: wav2vec2's
+# load_adapter (a set difference of the loaded and the adapter's keys) and load_sharded_checkpoint (the model's
+# state_dict() keys against the index's)
+KEYS_COMPARED = ["models/wav2vec2/modeling_wav2vec2.py", "trainer_utils.py"]
 UNISPEECH_SAT = ["models/unispeech_sat/modeling_unispeech_sat.py", "models/unispeech_sat/modular_unispeech_sat.py"]
 
 
@@ -61,3 +66,10 @@ def test_the_real_tw110_in_unispeech_sat_stays(transformers_root, relative):
     assert "`self.layer_norm_for_extract` is a module" in finding.message
     line = (transformers_root / relative).read_text(encoding="utf-8").splitlines()[finding.line - 1]
     assert line.strip() == "self.layer_norm_for_extract.requires_grad = False"
+
+
+@pytest.mark.parametrize("relative", KEYS_COMPARED)
+def test_no_tw302_where_the_keys_are_compared_before_the_load(transformers_root, relative):
+    findings = _findings(transformers_root, relative)
+    assert "load_state_dict(state_dict, strict=False)" in (transformers_root / relative).read_text(encoding="utf-8")
+    assert [f for f in findings if f.code == "TW302"] == []
