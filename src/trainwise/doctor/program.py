@@ -12,6 +12,8 @@ answers, for a rule that checks one of them:
 - ``callee(ctx, call)``: the function of another file a call calls, with that file's ``Context``;
 - ``callers(ctx, fn)``: the calls of a module-level function from the other files of the run;
 - ``constant(ctx, expr)``: a literal, also through an import (``from config import CKPT``);
+- ``remember(key, compute)``: an answer about another file that many files ask for (is this base class a
+  module?), computed once per run, so that a file dropped from memory is not parsed again for each asker;
 - ``context(path)``: any file's ``Context`` (parsed once, kept within a memory budget, parsed again when
   asked after it was dropped); ``place(ctx, node, message)``: a ``Related`` place for a finding.
 
