@@ -299,3 +299,50 @@ def test_a_train_call_that_restores_a_saved_mode(code, restores):
     ctx = Context(ast.parse(code), code)
     train = [n for n in ast.walk(ctx.tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "train"]
     assert [ctx.restores_mode(call) for call in train] == [restores]
+
+
+def test_a_question_about_another_file_is_answered_once_for_the_run(tmp_path):
+    """Ten model files derive from the module class of one file, and call a helper of another that trains
+    nothing: with one file kept at a time, each of those files is still read once, not once per question
+    (transformers' model files all derive from ``PreTrainedModel``: a run took half as long again)."""
+    from collections import Counter
+
+    from trainwise.doctor.analysis import analyse
+    from trainwise.doctor.engine import Config
+
+    files = {
+        "base.py": "from torch import nn\n\n\nclass Base(nn.Module):\n    pass\n",
+        "helpers.py": "def report(model):\n    print(model)\n",
+    }
+    for i in range(10):
+        files[f"net{i}.py"] = (
+            "from torch import nn\nfrom base import Base\nfrom helpers import report\n\n\n"
+            f"class Net{i}(Base):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.backbone = nn.BatchNorm2d(3)\n        self.layers = [nn.Linear(2, 2)]\n\n\n"
+            f"model = Net{i}()\nmodel.backbone.requires_grad_(False)\nreport(model)\n")
+    write(tmp_path, files)
+    reads: Counter[str] = Counter()
+
+    def reader(path: str):  # type: ignore[no-untyped-def]
+        reads[Path(path).name] += 1
+        return read_source(path)
+
+    paths = sorted(str(p) for p in tmp_path.glob("net*.py"))
+    program = Program([str(tmp_path / "base.py"), str(tmp_path / "helpers.py"), *paths], reader, budget=1)
+    codes = []
+    for path in paths:
+        text = read_source(path)
+        assert text is not None
+        findings, _ = analyse(text.text, path, rules=Config().rules(), program=program)
+        codes += [f.code for f in findings]
+    assert codes == ["TW114"] * 10  # the lists of layers, found through the base class of another file
+    assert reads["base.py"] == 1 and reads["helpers.py"] == 1, reads
+
+
+def test_a_run_keeps_the_text_of_the_files_it_may_fix(tmp_path):
+    write(tmp_path, {"load.py": "import torch\n\nstate = torch.load('w.pt')\n", "clean.py": "x = 1\n",
+                     "broken.py": "def f(:\n"})
+    results = {Path(r.path).name: r for r in check_paths([str(tmp_path)])}
+    assert results["load.py"].source is not None and results["load.py"].findings[0].fix is not None
+    assert results["clean.py"].source is None and results["clean.py"].parsed  # nothing to fix: text dropped
+    assert results["broken.py"].source == "def f(:\n"  # a TW900 keeps its text (it is never rewritten)

@@ -147,7 +147,7 @@ def _fix(results: list, config: Any, args: argparse.Namespace) -> int:
         write_fixed(result.path, new_source.encode(result.encoding), fixed_before=changed_files - 1)
         written.append(result.path)
     # The files written are checked again with every file of the run, so that findings across files stay.
-    program_files = [r.path for r in results if r.source is not None or r.notebook]
+    program_files = [r.path for r in results if r.parsed or r.source is not None or r.notebook]
     for after in engine.check_in_program(written, program_files, config):
         remaining.extend(f for f in after.findings if config.enabled(f.code))
     if args.diff:

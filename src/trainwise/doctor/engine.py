@@ -172,7 +172,9 @@ class FileResult:
 
     path: str
     findings: list[Finding] = field(default_factory=list)
-    source: str | None = None  # decoded text (None when unreadable)
+    # Decoded text: None when unreadable, and, after a run of many files (check_paths), for a file that parsed
+    # and has no finding with a fix, which --fix does not rewrite (transformers' texts took 125 MB).
+    source: str | None = None
     encoding: str = "utf-8"
     parsed: bool = False  # False after a TW900: such a file is never modified
     notebook: bool = False
@@ -301,7 +303,10 @@ def check_in_program(files: Sequence[str], program_files: Sequence[str], config:
     collecting = gc.isenabled()
     try:
         for file in files:
-            results.append(check_file(file, config, rules=rules, program=program))
+            result = check_file(file, config, rules=rules, program=program)
+            if result.parsed and not any(f.fix is not None for f in result.findings):
+                result.source = None
+            results.append(result)
             if collecting:
                 # What the program keeps (parsed files, their indexes) lives for the whole run: frozen, the garbage
                 # collector stops scanning it again and again (a run over transformers took three times as long).

@@ -12,6 +12,8 @@ answers, for a rule that checks one of them:
 - ``callee(ctx, call)``: the function of another file a call calls, with that file's ``Context``;
 - ``callers(ctx, fn)``: the calls of a module-level function from the other files of the run;
 - ``constant(ctx, expr)``: a literal, also through an import (``from config import CKPT``);
+- ``remember(key, compute)``: an answer about another file that many files ask for (is this base class a
+  module?), computed once per run, so that a file dropped from memory is not parsed again for each asker;
 - ``context(path)``: any file's ``Context`` (parsed once, kept within a memory budget, parsed again when
   asked after it was dropped); ``place(ctx, node, message)``: a ``Related`` place for a finding.
 
@@ -27,7 +29,7 @@ import ast
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
@@ -73,13 +75,14 @@ class Symbol:
 @dataclass
 class _ModuleInfo:
     """What a file offers the others, small and kept for the whole run: its top-level functions and classes,
-    its imports (local name -> (folders a relative import starts from, dotted target)) and its module-level
-    constants."""
+    its imports (local name -> (folders a relative import starts from, dotted target)), its module-level
+    constants and the names of the classes it knows to be ``nn.Module`` subclasses."""
 
     functions: dict[str, int] = field(default_factory=dict)  # name -> how many top-level defs have it
     classes: dict[str, int] = field(default_factory=dict)
     imports: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
     constants: dict[str, object] = field(default_factory=dict)
+    module_classes: frozenset[str] = frozenset()
 
 
 class Program:
@@ -118,6 +121,7 @@ class Program:
         self._call_indexed: set[str] = set()  # files whose calls are in _callers
         self._imported: dict[str, set[str]] | None = None
         self._gathered: dict[str, list[object]] = {}
+        self._remembered: dict[Hashable, object] = {}
 
     # ------------------------------------------------------------------------------------------------ files
     def adopt(self, ctx: Context) -> Context:
@@ -211,7 +215,7 @@ class Program:
         return info
 
     def _module_info(self, ctx: Context) -> _ModuleInfo:
-        info = _ModuleInfo()
+        info = _ModuleInfo(module_classes=frozenset(ctx.module_classes))
         tree = ctx.tree
         for stmt in tree.body:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -357,6 +361,13 @@ class Program:
         found = self.class_of(ctx, expr)
         return found if found is not None and found[1].name in found[0].module_classes else None
 
+    def known_module_class(self, symbol: Symbol) -> bool:
+        """Whether ``symbol`` is the one top-level class of its file by that name, and one the file itself
+        knows to subclass ``nn.Module`` (its ``module_classes``): answered from what the program keeps of the
+        file, without parsing it again."""
+        info = self._info(symbol.path) if symbol.name is not None else None
+        return info is not None and info.classes.get(symbol.name, 0) == 1 and symbol.name in info.module_classes  # type: ignore[arg-type]
+
     def gather(self, name: str, extract: Callable[[Context], list[_T]], needles: tuple[str, ...] = ()) -> list[_T]:
         """Every item ``extract(ctx)`` finds in the files of the run whose text holds each of ``needles`` (a
         cheap filter: only those files are parsed), computed once per run and ``name``. The items must hold no
@@ -373,6 +384,14 @@ class Program:
                 if ctx is not None:
                     found.extend(extract(ctx))
         return found  # type: ignore[return-value]
+
+    def remember(self, key: Hashable, compute: Callable[[], _T]) -> _T:
+        """``compute()``, computed once per run and ``key`` (a question a rule asks of many files about the same
+        other file). The answer must hold no ``ast`` node, as for ``gather``."""
+        if key in self._remembered:
+            return self._remembered[key]  # type: ignore[return-value]
+        found = self._remembered[key] = compute()
+        return found
 
     def _read(self, path: str) -> str | None:
         kept = self._contexts.get(path)

@@ -170,14 +170,18 @@ class Rule:
 
     @classmethod
     def visited_types(cls) -> dict[type, str]:
-        """``ast`` node types this rule visits, mapped to the method names that handle them."""
-        found = {}
-        for attr in dir(cls):
-            if attr.startswith("visit_"):
-                node_type = getattr(ast, attr[len("visit_") :], None)
-                if isinstance(node_type, type) and issubclass(node_type, ast.AST):
-                    found[node_type] = attr
-        return found
+        """``ast`` node types this rule visits, mapped to the method names that handle them (looked up once
+        per class: every file of a run asks)."""
+        found = cls.__dict__.get("_visited_types")
+        if found is None:
+            found = {}
+            for attr in dir(cls):
+                if attr.startswith("visit_"):
+                    node_type = getattr(ast, attr[len("visit_") :], None)
+                    if isinstance(node_type, type) and issubclass(node_type, ast.AST):
+                        found[node_type] = attr
+            cls._visited_types = found  # type: ignore[attr-defined]
+        return dict(found)
 
 
 def column_of(ctx: Context, node: ast.AST) -> int:

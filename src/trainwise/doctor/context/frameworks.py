@@ -49,15 +49,33 @@ def lightning_chain(ctx: Context, cls: ast.ClassDef | None,
             found = found or [(ctx, cls)]
             continue
         local = ctx.class_named(base.id, cls) if isinstance(base, ast.Name) else None
-        other = (ctx, local) if local is not None else (
-            ctx.program.class_of(ctx, base) if ctx.program is not None else None)
-        sub = lightning_chain(other[0], other[1], depth + 1) if other is not None else None
+        sub = lightning_chain(ctx, local, depth + 1) if local is not None else _chain_of_run(ctx, base, depth + 1)
         if sub is None:
             if q is not None and q.split(".", 1)[0] in ("abc", "typing"):
                 continue
             return None
         found = [(ctx, cls), *sub]
     return found
+
+
+def _chain_of_run(ctx: Context, base: ast.expr, depth: int) -> list[tuple[Context, ast.ClassDef]] | None:
+    """``lightning_chain`` of a base class of another file of the run. Whether there is one is asked once per
+    class of the run: most are no LightningModule, and their file is then not parsed again for each subclass."""
+    program = ctx.program
+    symbol = program.resolve(ctx, base) if program is not None else None
+    if program is None or symbol is None or symbol.name is None or "." in symbol.name:
+        return None
+
+    found: list[list[tuple[Context, ast.ClassDef]] | None] = []
+
+    def chain() -> list[tuple[Context, ast.ClassDef]] | None:
+        other = program.class_of(ctx, base)
+        found.append(lightning_chain(other[0], other[1], depth) if other is not None else None)
+        return found[-1]
+
+    if not program.remember(("Lightning chain", symbol.path, symbol.name, depth), lambda: chain() is not None):
+        return None
+    return found[0] if found else chain()
 
 
 def deliberate(chain: list[tuple[Context, ast.ClassDef]]) -> bool:

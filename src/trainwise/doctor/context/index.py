@@ -97,6 +97,7 @@ class FileIndex:
         self.module_classes: set[str] = set()  # classes of this file that subclass nn.Module
         self.program: Program | None = None  # the files of the run, for questions across files (program.py)
         self._cache: dict[tuple[str, int], object] = {}
+        self._qualnames: dict[ast.AST, str | None] = {}  # rules ask it of the same call many times
         self._analyses: dict[type, object] = {}
         self._source_lines: list[str] | None = None
         self._backward_names: dict[int, set[str]] | None = None
@@ -318,14 +319,18 @@ class FileIndex:
     def qualname(self, node: ast.AST) -> str | None:
         """The fully qualified name behind a name or attribute, through import aliases (``nn.Linear`` ->
         ``torch.nn.Linear``); None when the root name is not imported (or is rebound locally)."""
+        known = self._qualnames
+        if node in known:
+            return known[node]
+        found = None
         name = dotted(node)
-        if name is None:
-            return None
-        first, dot, rest = name.partition(".")
-        root = self.aliases.get(first) or _IMPLICIT_MODULES.get(first)
-        if root is None:
-            return None
-        return root + dot + rest
+        if name is not None:
+            first, dot, rest = name.partition(".")
+            root = self.aliases.get(first) or _IMPLICIT_MODULES.get(first)
+            if root is not None:
+                found = root + dot + rest
+        known[node] = found
+        return found
 
     def callee(self, call: ast.Call) -> str | None:
         """The qualified name of what a call calls, else its dotted text, else None."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+from typing import TYPE_CHECKING
 
 from trainwise.doctor.context import (
     Context,
@@ -28,6 +29,9 @@ from trainwise.doctor.context.freezes import Freezes, under
 from trainwise.doctor.context.modules import Norms
 from trainwise.doctor.functions import functions
 from trainwise.doctor.rule import Rule
+
+if TYPE_CHECKING:
+    from trainwise.doctor.program import Program, Symbol
 
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _NORM_HELPER = re.compile(r"bn|batch_?norm|norm|freeze|frozen", re.IGNORECASE)
@@ -200,7 +204,11 @@ class FrozenBatchnormInTrainMode(Rule):
         program = self.ctx.program
         if program is None or len(program.paths) < 2 or not self.freezes.any_frozen():
             return
-        found = program.callee(self.ctx, call) if not self._overrides_train() else None
+        symbol = program.resolve(self.ctx, call.func) if not self._overrides_train() else None
+        if symbol is None or not program.remember(("TW108 trains a parameter", symbol.path, symbol.name),
+                                                  lambda: _trains_a_parameter(program, symbol)):
+            return  # most helpers of another file put nothing in train mode: their file is not parsed again
+        found = program.function(symbol)
         if found is None:
             return
         callee, fn = found
@@ -449,6 +457,12 @@ def _sets_train(call: ast.Call) -> bool:
     """``x.train()`` or ``x.train(True)``."""
     return method_call(call, "train") and not call.keywords and (
         not call.args or (len(call.args) == 1 and is_const(call.args[0], True)))
+
+
+def _trains_a_parameter(program: Program, symbol: Symbol) -> bool:
+    """Whether the function ``symbol`` names calls ``.train()`` on one of its parameters."""
+    found = program.function(symbol)
+    return found is not None and bool(_train_calls_on_parameters(*found))
 
 
 def _train_calls_on_parameters(ctx: Context, fn: ast.AST) -> list[tuple[ast.Call, str, str]]:

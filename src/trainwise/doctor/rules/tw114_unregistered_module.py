@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from collections import deque
 
 from trainwise.doctor.context import Context, init_of, is_const, keyword, last_name
 from trainwise.doctor.rule import Rule
@@ -25,6 +26,9 @@ _GROWS = frozenset({"append", "extend", "insert"})
 # Methods that register what a plain container holds some other way (or a frozen teacher kept out on purpose).
 _REGISTERS = frozenset({"add_module", "register_module", "register_parameter", "register_buffer"})
 _DEPTH = 4
+_KEPT = (ast.Call, ast.Assign, ast.AnnAssign, ast.AugAssign)  # the nodes the class walk keeps
+_SKIP_FIELDS = frozenset({"ctx", "op", "ops", "type_ignores"})  # never hold a node worth visiting
+_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 class UnregisteredModule(Rule):
@@ -104,10 +108,11 @@ class UnregisteredModule(Rule):
         init = init_of(node)
         if init is None or not _is_module_class(self.ctx, node, 0):
             return
-        methods = _reached_from_init(node, init)
+        nodes = _MethodNodes()
+        methods = _reached_from_init(node, init, nodes)
         assigned: dict[str, list[tuple[ast.AST, ast.expr, ast.AST]]] = {}  # attr -> (target, value, method)
         for method in methods:
-            for stmt in ast.walk(method):
+            for stmt in nodes(method):
                 if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
                     target, value = stmt.targets[0], stmt.value
                 elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
@@ -117,19 +122,24 @@ class UnregisteredModule(Rule):
                 if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
                         and target.value.id == "self"):
                     assigned.setdefault(target.attr, []).append((target, value, method))
-        if not assigned:
-            return
-        others = _other_assignments(node, methods)
-        spared = _spared(node)
+        others: set[str] | None = None
+        spared: set[str] = set()
         for attr, found in assigned.items():
-            if len(found) != 1 or attr in others or attr in spared:
+            if len(found) != 1:
                 continue  # set twice (wrapped later, or rebuilt): not judged
             target, value, method = found[0]
-            self._judge(node, attr, target, value, method, methods)
+            tensor = _trainable_tensor(self.ctx, value)
+            container = None if tensor else _container(self.ctx, value, method)
+            if not tensor and container is None:
+                continue  # most attributes: a layer, a number; the class's other methods are not walked for them
+            if others is None:
+                others, spared = _other_assignments(node, methods, nodes), _spared(node)
+            if attr in others or attr in spared:
+                continue  # set again elsewhere (wrapped later, or rebuilt), or registered another way
+            self._judge(attr, target, tensor, container, methods, nodes)
 
-    def _judge(self, cls: ast.ClassDef, attr: str, target: ast.AST, value: ast.expr, method: ast.AST,
-               methods: list[ast.AST]) -> None:
-        tensor = _trainable_tensor(self.ctx, value)
+    def _judge(self, attr: str, target: ast.AST, tensor: bool, container: tuple[str, list[ast.expr]] | None,
+               methods: list[ast.AST], nodes: _MethodNodes) -> None:
         if tensor:
             self.report(target, f"`self.{attr}` is a plain tensor with requires_grad=True, which nn.Module does not "
                                 f"register: model.parameters(), .to() and state_dict() do not see it, so the "
@@ -137,13 +147,12 @@ class UnregisteredModule(Rule):
                                 f"`self.{attr} = nn.Parameter(...)`, or register_buffer('{attr}', ...) if it "
                                 f"should not train")
             return
-        container = _container(self.ctx, value, method)
         if container is None:
             return
         kind, items = container
-        if _passed_on(attr, methods):
+        if _passed_on(attr, methods, nodes):
             return  # self.paths handed to nn.ModuleList(self.paths) (kept under another name): registered there
-        items = items + _grown_later(attr, methods)
+        items = items + _grown_later(attr, methods, nodes)
         held = [h for h in (_held(self.ctx, item, 0) for item in items) if h is not None]
         if not held:
             return
@@ -184,25 +193,81 @@ def _is_module_class(ctx: Context, cls: ast.ClassDef, depth: int) -> bool:
                 if _is_module_class(ctx, local, depth + 1):
                     return True
                 continue
-        program = ctx.program
-        found = program.class_of(ctx, base) if program is not None else None
-        if found is not None and _is_module_class(found[0], found[1], depth + 1):
+        if ctx.program is not None and _module_class_of_run(ctx, base, depth + 1):
             return True
     return False
+
+
+def _module_class_of_run(ctx: Context, base: ast.expr, depth: int) -> bool:
+    """Whether ``base`` names a module class of another file of the run; answered once per class of the run
+    (every model file of transformers derives from ``PreTrainedModel``: its file is not parsed again each time)."""
+    program = ctx.program
+    assert program is not None
+    symbol = program.resolve(ctx, base)
+    if symbol is None or symbol.name is None or "." in symbol.name:
+        return False
+    if program.known_module_class(symbol):
+        return True
+
+    def answer() -> bool:
+        found = program.class_of(ctx, base)
+        return found is not None and _is_module_class(found[0], found[1], depth)
+
+    return program.remember(("TW114 module class", symbol.path, symbol.name, depth), answer)
 
 
 def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
     return {fn.name: fn for fn in cls.body if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
-def _reached_from_init(cls: ast.ClassDef, init: ast.FunctionDef) -> list[ast.AST]:
+class _MethodNodes:
+    """The calls and assignments (``Assign``, ``AnnAssign``, ``AugAssign``) of each method of a class, in
+    ``ast.walk``'s order (breadth first), each method walked once and only when asked: the questions below
+    share these walks instead of walking the class again each (they took a third of a run over transformers)."""
+
+    def __init__(self) -> None:
+        self._walked: dict[ast.AST, list[ast.AST]] = {}
+
+    def __call__(self, method: ast.AST) -> list[ast.AST]:
+        found = self._walked.get(method)
+        if found is None:
+            found = self._walked[method] = _kept_nodes(method)
+        return found
+
+
+def _kept_nodes(root: ast.AST) -> list[ast.AST]:
+    """The calls and assignments in and below ``root``, in ``ast.walk``'s order."""
+    found: list[ast.AST] = []
+    queue: deque[ast.AST] = deque([root])
+    pop, push = queue.popleft, queue.append
+    node_class, kept, fields_of = ast.AST, _KEPT, _FIELDS
+    while queue:
+        node = pop()
+        tp = type(node)
+        if tp in kept:
+            found.append(node)
+        fields = fields_of.get(tp)
+        if fields is None:
+            fields = fields_of[tp] = tuple(f for f in tp._fields if f not in _SKIP_FIELDS)
+        for name in fields:
+            value = getattr(node, name, None)
+            if type(value) is list:
+                for item in value:
+                    if isinstance(item, node_class):
+                        push(item)
+            elif isinstance(value, node_class):
+                push(value)
+    return found
+
+
+def _reached_from_init(cls: ast.ClassDef, init: ast.FunctionDef, nodes: _MethodNodes) -> list[ast.AST]:
     """``__init__`` and the methods of the class it calls as ``self.name(...)`` (and those call), once each."""
     methods = _methods(cls)
     reached: list[ast.AST] = [init]
     todo: list[ast.AST] = [init]
     while todo:
         fn = todo.pop()
-        for node in ast.walk(fn):
+        for node in nodes(fn):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"):
                 callee = methods.get(node.func.attr)
@@ -212,13 +277,13 @@ def _reached_from_init(cls: ast.ClassDef, init: ast.FunctionDef) -> list[ast.AST
     return reached
 
 
-def _other_assignments(cls: ast.ClassDef, methods: list[ast.AST]) -> set[str]:
+def _other_assignments(cls: ast.ClassDef, methods: list[ast.AST], nodes: _MethodNodes) -> set[str]:
     """Attributes the class also sets outside the methods ``__init__`` reaches (a ``setup()`` that wraps them)."""
     out: set[str] = set()
     for fn in _methods(cls).values():
         if fn in methods:
             continue
-        for node in ast.walk(fn):
+        for node in nodes(fn):
             targets = node.targets if isinstance(node, ast.Assign) else (
                 [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
             for target in targets:
@@ -317,11 +382,11 @@ def _local_list(ctx: Context, name: ast.Name, fn: ast.AST) -> tuple[str, list[as
     return kind, items
 
 
-def _passed_on(attr: str, methods: list[ast.AST]) -> bool:
+def _passed_on(attr: str, methods: list[ast.AST], nodes: _MethodNodes) -> bool:
     """Whether ``self.<attr>`` is handed to a registering container in the methods:
     ``self.path_module_list = nn.ModuleList(self.paths)`` registers the modules of ``self.paths`` there."""
     for method in methods:
-        for node in ast.walk(method):
+        for node in nodes(method):
             if isinstance(node, ast.Call) and last_name(node.func) in _REGISTERING \
                     and any(isinstance(a, ast.Attribute) and a.attr == attr and isinstance(a.value, ast.Name)
                             and a.value.id == "self" for a in _arguments(node)):
@@ -345,11 +410,11 @@ def _grown(ctx: Context, call: ast.Call, fn: ast.AST) -> list[ast.expr]:
     return inner[1] if inner is not None else []
 
 
-def _grown_later(attr: str, methods: list[ast.AST]) -> list[ast.expr]:
+def _grown_later(attr: str, methods: list[ast.AST], nodes: _MethodNodes) -> list[ast.expr]:
     """What ``self.attr.append(...)``, ``self.attr[k] = ...`` and ``self.attr += [...]`` add in ``methods``."""
     items: list[ast.expr] = []
     for fn in methods:
-        for node in ast.walk(fn):
+        for node in nodes(fn):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _GROWS \
                     and _self_attr(node.func.value) == attr and node.args:
                 if node.func.attr == "append":
