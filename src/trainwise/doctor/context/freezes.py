@@ -294,7 +294,7 @@ class Freezes:
 
 
 def _functions(ctx: Context):  # type: ignore[no-untyped-def]
-    from trainwise.doctor.functions import functions
+    from trainwise.doctor.context.functions import functions
 
     return functions(ctx)
 
@@ -313,7 +313,7 @@ def unchain(value: ast.AST) -> ast.AST:
 
 def _truthy(ctx: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str, call: ast.Call) -> bool | None:
     """Whether the value a same-file call gives the parameter ``name`` is true; None when unknown."""
-    from trainwise.doctor.functions import value_at_call
+    from trainwise.doctor.context.functions import value_at_call
 
     value = value_at_call(ctx, fn, name, ctx, call)
     return None if value is ... else bool(value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from trainwise.doctor.context import dotted, is_const, last_name, method_call
-from trainwise.doctor.counting import counting, is_zero_binding
+from trainwise.doctor.context.counting import counting, is_zero_binding
 from trainwise.doctor.rule import FixAvailability, Rule
 
 _STRIP_METHODS = frozenset({"item", "float", "double", "cpu", "numpy", "tolist", "long", "int"})

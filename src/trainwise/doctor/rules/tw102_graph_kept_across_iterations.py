@@ -6,7 +6,7 @@ import ast
 from typing import TYPE_CHECKING
 
 from trainwise.doctor.context import dotted, is_const, last_name, method_call, names_in, position
-from trainwise.doctor.functions import functions
+from trainwise.doctor.context.functions import functions
 from trainwise.doctor.rule import Rule
 
 if TYPE_CHECKING:

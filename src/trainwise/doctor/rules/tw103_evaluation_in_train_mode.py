@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from trainwise.doctor.context import Context, is_const, keyword, last_name, method_call, position
+from trainwise.doctor.context.functions import reaches_call
 from trainwise.doctor.context.modules import mode_free_class
-from trainwise.doctor.functions import reaches_call
 from trainwise.doctor.rule import Rule
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)

@@ -6,7 +6,7 @@ import ast
 from typing import Any
 
 from trainwise.doctor.context import Context, dotted, is_const, last_name, method_call, position, walk_own
-from trainwise.doctor.functions import functions, is_eval_call, same_or_below
+from trainwise.doctor.context.functions import functions, is_eval_call, same_or_below
 from trainwise.doctor.rule import Rule
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)

@@ -7,7 +7,7 @@ import ast
 from collections.abc import Iterable
 
 from trainwise.doctor.context import Context, dotted, last_name, method_call, position, walk_own
-from trainwise.doctor.functions import callees, functions, reaches_call, same_or_below
+from trainwise.doctor.context.functions import callees, functions, reaches_call, same_or_below
 from trainwise.doctor.rule import Related, Rule
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)

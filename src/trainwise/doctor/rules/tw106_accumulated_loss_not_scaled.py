@@ -6,7 +6,7 @@ import ast
 from dataclasses import dataclass
 
 from trainwise.doctor.context import dotted, is_const, keyword, last_name, method_call, walk_own
-from trainwise.doctor.functions import functions
+from trainwise.doctor.context.functions import functions
 from trainwise.doctor.rule import Rule
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)

@@ -26,8 +26,8 @@ from trainwise.doctor.context.frameworks import (
     switch_around,
 )
 from trainwise.doctor.context.freezes import Freezes, under
+from trainwise.doctor.context.functions import functions
 from trainwise.doctor.context.modules import Norms
-from trainwise.doctor.functions import functions
 from trainwise.doctor.rule import Rule
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 
 from trainwise.doctor.context import Context, dotted, is_const, keyword, last_name, position, walk_own
-from trainwise.doctor.functions import function_values, functions
+from trainwise.doctor.context.functions import function_values, functions
 from trainwise.doctor.rule import Rule
 
 _COMPILE = frozenset({"torch.compile"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from trainwise.doctor.context import dotted, is_const, keyword, position
-from trainwise.doctor.functions import callees, functions, is_eval_call, reaches_call
+from trainwise.doctor.context.functions import callees, functions, is_eval_call, reaches_call
 from trainwise.doctor.project import torch_requirements
 from trainwise.doctor.rule import Rule
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from trainwise.doctor.context import Context, dotted, has_star_kwargs, is_const, keyword, last_name, walk_own
-from trainwise.doctor.functions import FunctionValue, callees, constant_of, function_values
+from trainwise.doctor.context.functions import FunctionValue, callees, constant_of, function_values
 from trainwise.doctor.rule import Related, Rule
 
 # Seed calls that seed torch's default (CPU) generator: the loader's shuffle order and worker seeds come from it.

@@ -6,7 +6,7 @@ import ast
 from dataclasses import dataclass
 
 from trainwise.doctor.context import Context, position, walk_own
-from trainwise.doctor.functions import callees, conditions_hold, functions, value_at_call
+from trainwise.doctor.context.functions import callees, conditions_hold, functions, value_at_call
 from trainwise.doctor.rule import Related, Rule
 
 _CUDNN = frozenset({"torch.backends.cudnn"})

@@ -16,7 +16,7 @@ from trainwise.doctor.context import (
     walk_own,
 )
 from trainwise.doctor.context.checkpoints import WRAPPER_NAMES, Checkpoints, Keys
-from trainwise.doctor.functions import constant_of
+from trainwise.doctor.context.functions import constant_of
 from trainwise.doctor.rule import Related, Rule
 
 
