@@ -44,17 +44,20 @@ EVERY_RULE = Config(select=("ALL",))
 # Four more repositories were then read with the rules frozen (held out: ViT-pytorch, ssd.pytorch,
 # 3D-ResNets-PyTorch, unet-pytorch): 12 of 12 real bugs found, none of their 9 look-alikes reported.
 # Over the corpus: 75 of 75; a single false alarm gives 75 / 76 = 0.99 and fails the floor.
-# Issue 30 added 5 repositories and cases in pytorch/examples and nanoGPT for TW114-TW117 and TW401 (4 real bugs,
-# 14 look-alikes). Two real bugs are missed and stay marked as bugs so that recall is honest: they are listed in
-# KNOWN_MISSES, and any other miss fails the recall test whatever the ratio. 77 of 79.
-RECALL_FLOOR = 0.97  # 77 of 79 real bugs found
+# Issue 30 added 6 repositories and cases in pytorch/examples, nanoGPT and the Zero to Mastery course for TW114-TW117
+# and TW401 (4 real bugs of these codes, one TW301, 16 look-alikes). Three real bugs are missed and stay marked as
+# bugs so that recall is honest: they are listed in KNOWN_MISSES, and any other miss fails the recall test whatever
+# the ratio. 77 of 80.
+RECALL_FLOOR = 0.96  # 77 of 80 real bugs found
 PRECISION_FLOOR = 1.00  # 77 findings, all on marked bugs: no false alarm
-# Real bugs the rules do not find (docs/doctor.md, TW114-TW117/TW401 section): V-JEPA 2 picks bfloat16 from its
-# config at run time and builds the GradScaler in another file; pytorch/examples traces a pretrained ResNet that it
-# never trains, outside TW117's scope. Remove an entry when a rule starts finding it.
+# Real bugs the rules do not find (docs/doctor.md, TW114-TW117/TW401 section): V-JEPA 2 and SAM 2 pick bfloat16 from
+# their configs at run time (and V-JEPA 2 builds its GradScaler in another file, SAM 2 switches it with a flag);
+# pytorch/examples traces a pretrained ResNet that it never trains, outside TW117's scope. Remove an entry when a
+# rule starts finding it.
 KNOWN_MISSES = {
     "facebookresearch-vjepa2/app/vjepa/train.py:75 TW401",
     "pytorch-examples/cpp/transfer-learning/convert.py:28 TW117",
+    "facebookresearch-sam2/training/trainer.py:70 TW401",
 }
 
 
@@ -193,9 +196,9 @@ def test_every_case_names_its_source():
 def test_corpus_size_meets_the_issue():
     data = index()
     kinds = Counter(c["kind"] for c in data["cases"])
-    assert len(data["repositories"]) >= 39
-    assert kinds["finding"] >= 79
-    assert kinds["lookalike"] >= 91
+    assert len(data["repositories"]) >= 40
+    assert kinds["finding"] >= 80
+    assert kinds["lookalike"] >= 93
     # Issue 30: the registration, compile, NumPy-sharing, export-mode and bf16 codes have cases.
     codes = Counter(c["code"] for c in data["cases"])
     assert all(codes[code] >= 2 for code in ("TW114", "TW115", "TW116", "TW117", "TW401")), codes
