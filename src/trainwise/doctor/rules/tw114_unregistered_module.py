@@ -38,8 +38,9 @@ class UnregisteredModule(Rule):
     Finds, in a class that subclasses `nn.Module` (directly, or through a base class of the same file or of
     another file of the run), an attribute set in `__init__` (or in a method `__init__` calls) to a plain
     `list`, `tuple` or `dict` (a literal, a comprehension, `list(...)`, a local list filled with `append`, or
-    an empty one filled later with `self.blocks.append(...)`) whose items are modules that hold parameters
-    (`nn.Linear(...)`, `nn.Conv2d(...)`, a dropout, a module class of the run) or `nn.Parameter`s; and an
+    an empty one filled later with `self.blocks.append(...)` or `self.blocks = self.blocks + [...]`) whose
+    items are modules that hold parameters (`nn.Linear(...)`, `nn.Conv2d(...)`, a dropout, a module class of
+    the run) or `nn.Parameter`s; and an
     attribute set to a plain tensor that requires grad (`self.scale = torch.ones(1, requires_grad=True)`,
     `torch.zeros(3).requires_grad_()`).
 
@@ -59,7 +60,9 @@ class UnregisteredModule(Rule):
     under another name: `self.path_module_list = nn.ModuleList(self.paths)`); on a list
     of non-modules (ints, strings, functions) or of parameter-free layers (`nn.ReLU()`, losses), which lose
     nothing; on a list of modules the class freezes or puts in eval (a teacher kept out of `state_dict` on
-    purpose); on tensors that do not require grad; and on classes that are not modules.
+    purpose); on a list of `nn.Parameter`s that a method of the class returns (shards handed to the optimizer
+    by hand, as ZeRO-3 style code does); on tensors that do not require grad; and on classes that are not
+    modules.
 
     ## Example
     ```python
@@ -120,7 +123,7 @@ class UnregisteredModule(Rule):
                 else:
                     continue
                 if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
-                        and target.value.id == "self"):
+                        and target.value.id == "self" and _concatenated(target.attr, value) is None):
                     assigned.setdefault(target.attr, []).append((target, value, method))
         others: set[str] | None = None
         spared: set[str] = set()
@@ -156,6 +159,8 @@ class UnregisteredModule(Rule):
         held = [h for h in (_held(self.ctx, item, 0) for item in items) if h is not None]
         if not held:
             return
+        if all(name == "nn.Parameter" for name, _ in held) and _handed_out(cls, attr):
+            return  # parameters kept apart on purpose and given to the optimizer by a method (ZeRO-style shards)
         kinds = sorted({name for name, _ in held})
         trains = any(trains for _, trains in held)
         them = "them"
@@ -430,7 +435,37 @@ def _grown_later(attr: str, methods: list[ast.AST], nodes: _MethodNodes) -> list
             elif isinstance(node, ast.AugAssign) and _self_attr(node.target) == attr \
                     and isinstance(node.value, (ast.List, ast.Tuple)):
                 items.extend(node.value.elts)
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and _self_attr(node.targets[0]) == attr:
+                items.extend(_concatenated(attr, node.value) or [])
     return items
+
+
+def _concatenated(attr: str, value: ast.expr) -> list[ast.expr] | None:
+    """The items ``self.attr = self.attr + [...]`` (or ``[...] + self.attr``) adds; None for any other value."""
+    if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add)):
+        return None
+    if _self_attr(value.left) == attr:
+        other = value.right
+    elif _self_attr(value.right) == attr:
+        other = value.left
+    else:
+        return None
+    if isinstance(other, (ast.ListComp, ast.GeneratorExp)):
+        return [other.elt]
+    return list(other.elts) if isinstance(other, (ast.List, ast.Tuple)) else []
+
+
+def _handed_out(cls: ast.ClassDef, attr: str) -> bool:
+    """A method of the class returns ``self.attr`` or its items (``return [self.chunk[0]]``): the class gives
+    those parameters to whoever builds the optimizer itself."""
+    for fn in _methods(cls).values():
+        if fn.name == "__init__":
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Return) and node.value is not None and any(
+                    _self_attr(sub) == attr for sub in ast.walk(node.value)):
+                return True
+    return False
 
 
 def _self_attr(node: ast.AST) -> str | None:

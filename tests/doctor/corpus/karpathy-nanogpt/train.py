@@ -56,6 +56,12 @@ elif init_from == 'resume':
 # --- lines 195-196 ---
 # initialize a GradScaler. If enabled=False scaler is a no-op
 scaler = torch.cuda.amp.GradScaler(enabled=(dtype == 'float16'))
+# --- lines 204-208 ---
+# compile the model
+if compile:
+    print("compiling the model... (takes a ~minute)")
+    unoptimized_model = model
+    model = torch.compile(model) # requires PyTorch 2.0  # silent: TW115
 # --- lines 215-228 ---
 @torch.no_grad()
 def estimate_loss():
@@ -91,7 +97,7 @@ while True:
         # immediately async prefetch next batch while model is doing the forward pass on the GPU
         X, Y = get_batch('train')
         # backward pass, with gradient scaling if training in fp16
-        scaler.scale(loss).backward()  # silent: TW106
+        scaler.scale(loss).backward()  # silent: TW106  # silent: TW401
     # clip the gradient
     if grad_clip != 0.0:
         scaler.unscale_(optimizer)
