@@ -48,15 +48,14 @@ EVERY_RULE = Config(select=("ALL",))
 # and TW401 (4 real bugs of these codes, one TW301, 16 look-alikes). Three real bugs are missed and stay marked as
 # bugs so that recall is honest: they are listed in KNOWN_MISSES, and any other miss fails the recall test whatever
 # the ratio. 77 of 80.
-RECALL_FLOOR = 0.96  # 77 of 80 real bugs found
-PRECISION_FLOOR = 1.00  # 77 findings, all on marked bugs: no false alarm
+RECALL_FLOOR = 0.97  # 78 of 80 real bugs found
+PRECISION_FLOOR = 1.00  # 78 findings, all on marked bugs: no false alarm
 # Real bugs the rules do not find (docs/doctor.md, TW114-TW117/TW401 section): V-JEPA 2 and SAM 2 pick bfloat16 from
-# their configs at run time (and V-JEPA 2 builds its GradScaler in another file, SAM 2 switches it with a flag);
-# pytorch/examples traces a pretrained ResNet that it never trains, outside TW117's scope. Remove an entry when a
-# rule starts finding it.
+# their configs at run time (and V-JEPA 2 builds its GradScaler in another file, SAM 2 switches it with a flag).
+# Remove an entry when a rule starts finding it. (pytorch/examples' trace of a pretrained ResNet it never trains,
+# the third miss at first, is found since TW117 knows models built with BatchNorm: 78 of 80.)
 KNOWN_MISSES = {
     "facebookresearch-vjepa2/app/vjepa/train.py:75 TW401",
-    "pytorch-examples/cpp/transfer-learning/convert.py:28 TW117",
     "facebookresearch-sam2/training/trainer.py:70 TW401",
 }
 

@@ -139,10 +139,10 @@ class UnregisteredModule(Rule):
                 others, spared = _other_assignments(node, methods, nodes), _spared(node)
             if attr in others or attr in spared:
                 continue  # set again elsewhere (wrapped later, or rebuilt), or registered another way
-            self._judge(attr, target, tensor, container, methods, nodes)
+            self._judge(node, attr, target, tensor, container, methods, nodes)
 
-    def _judge(self, attr: str, target: ast.AST, tensor: bool, container: tuple[str, list[ast.expr]] | None,
-               methods: list[ast.AST], nodes: _MethodNodes) -> None:
+    def _judge(self, cls: ast.ClassDef, attr: str, target: ast.AST, tensor: bool,
+               container: tuple[str, list[ast.expr]] | None, methods: list[ast.AST], nodes: _MethodNodes) -> None:
         if tensor:
             self.report(target, f"`self.{attr}` is a plain tensor with requires_grad=True, which nn.Module does not "
                                 f"register: model.parameters(), .to() and state_dict() do not see it, so the "

@@ -6,6 +6,7 @@ import ast
 
 from trainwise.doctor.context import dotted, is_const, keyword, position
 from trainwise.doctor.context.functions import callees, functions, is_eval_call, reaches_call
+from trainwise.doctor.context.modules import Norms
 from trainwise.doctor.project import torch_requirements
 from trainwise.doctor.rule import Rule
 
@@ -28,8 +29,9 @@ class ExportedInTrainMode(Rule):
     ## What it does
     Finds `torch.jit.trace(model, ...)`, `torch.jit.script(model)`, `torch.export.export(model, ...)` and
     `torch.onnx.export(model, ...)` of a model that the same function (or script) trained before, with
-    `model.train()` or a loop that calls it and runs `backward()` and an optimizer `step()`, and never put
-    in evaluation mode in between (`model.eval()`, `model.train(False)`). `torch.onnx.export` counts when
+    `model.train()` or a loop that calls it and runs `backward()` and an optimizer `step()`, or built
+    there with BatchNorm (a pretrained torchvision CNN), and never put in evaluation mode in between
+    (`model.eval()`, `model.train(False)`). `torch.onnx.export` counts when
     it uses the torch.export-based exporter (`dynamo=True`, the default since torch 2.9 when the project
     declares it), which exports the model in its current mode; the older exporter switches to eval itself.
 
@@ -44,8 +46,12 @@ class ExportedInTrainMode(Rule):
     run-time guard for this code).
 
     The rule stays silent on an export after `model.eval()` (or `model.train(False)`, or of
-    `model.eval()` itself), on `trainwise.export`, on a model that is only loaded or built in the script
-    (never trained there), on a model handed between training and export to a function the doctor cannot
+    `model.eval()` itself), on `trainwise.export`, on a model that is only loaded in the script, on one
+    built there and never trained unless the script shows that it holds BatchNorm (a torchvision or timm
+    CNN such as `models.resnet18(weights=...)`, its children in an `nn.Sequential`, a class of the run
+    built with `nn.BatchNorm2d`: a new module is in train mode, so the trace records batch statistics;
+    `torch.jit.script` of such a model is left alone, the scripted model follows a later `eval()`), on a
+    model handed between training and export to a function the doctor cannot
     see (it may call `eval()`), on the legacy ONNX exporter (`dynamo=False`), and when it cannot tell
     whether the model is the one trained.
 
@@ -108,9 +114,11 @@ class ExportedInTrainMode(Rule):
         scope = self.ctx.scope(node)
         at = position(node)
         trained = self._trained_at(scope, model, at)
+        how = "put in train mode" if isinstance(trained, ast.Call) else "trained"
+        if trained is None and what != "torch.jit.script":  # a scripted model follows a later eval()
+            trained, how = self._built_with_batchnorm(scope, model, node), "built with BatchNorm"
         if trained is None or self._leaves_train_mode(scope, model, trained, node):
             return
-        how = "put in train mode" if isinstance(trained, ast.Call) else "trained"
         if what == "torch.jit.script":
             effect = ("the scripted model keeps training=True, so whoever loads it runs dropout and BatchNorm's batch "
                       "statistics unless they call eval()")
@@ -151,6 +159,25 @@ class ExportedInTrainMode(Rule):
                 return node
         return None
 
+    def _built_with_batchnorm(self, scope: ast.AST, model: str, export: ast.Call) -> ast.AST | None:
+        """The statement of ``scope`` that built ``model`` (a plain name assigned a call), when the script
+        knows that it holds BatchNorm (a torchvision or timm CNN, its children, a class of the run) and nothing
+        in the scope before the export puts any module in eval mode: a new module is in train mode."""
+        if "." in model:
+            return None
+        at = position(export)
+        built = None
+        for node in self._own_nodes(scope):
+            if position(node) >= at:
+                break
+            if isinstance(node, ast.Call) and _may_set_eval(node):
+                return None  # model.eval() on the network it was cut from, or on anything: leave it
+            if isinstance(node, ast.Assign) and any(dotted(t) == model for t in node.targets):
+                built = node if isinstance(node.value, ast.Call) else None
+        if built is None or not self.ctx.analysis(Norms).has_bn(model, export):
+            return None
+        return built
+
     def _uses_model(self, loop: ast.AST, model: str) -> bool:
         for node in ast.walk(loop):
             if isinstance(node, ast.Call) and (dotted(node.func) == model or any(
@@ -175,7 +202,7 @@ class ExportedInTrainMode(Rule):
                                               for a in [*node.args, *(k.value for k in node.keywords)]) \
                         and self._may_call_eval(node):
                     return True
-            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node is not trained:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 if any(dotted(t) == model for t in targets):
                     return True
