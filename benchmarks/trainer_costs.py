@@ -1,0 +1,234 @@
+"""What each part of the Trainer costs per step, timed in one process: the user's loop, then the same loop with
+trainwise's pieces taken one at a time, the Trainer with everything optional off, and each option turned on alone.
+
+`benchmarks/overhead.py` times whole sides in fresh processes, whose spread on a shared machine is as large as
+the differences; here every side runs in the same process, in a random order within each round, and each
+round's ratio to the base side is taken, so slow phases of the machine hit both sides of a ratio. All sides
+train the small MLP of `overhead.py` with the same `torch.optim.Adam` (the user's own optimizer: no fused
+kernel on either side), on CPU, one thread; per step is the mean interval between optimizer steps inside each
+epoch (process CPU time; epoch ends left out, so an option's epoch-end work shows only where it runs on a
+thread during the next epoch, as the checkpoint commit does).
+
+    python benchmarks/trainer_costs.py                       # 15 rounds of every side, about 2 minutes
+    python benchmarks/trainer_costs.py --rounds 25 --json
+
+Sides (each against ``minimal-adam``; the options also against ``trainer-off``):
+
+- ``minimal-adam``: the loop a user writes (``overhead.py``'s minimal loop on ``Adam(model.parameters())``);
+- ``loader``: that loop over ``tw.training_loader`` (seeded, resumable, the last batch known);
+- ``primitives``: that loader with ``forward_micro_batch``, ``GradientAccumulator`` and ``MetricSet`` written
+  out by hand, as ``examples/hand_written_loop.py`` does;
+- ``train-step``: the same through one ``TrainStep`` (the Trainer's step object);
+- ``trainer-off``: ``Trainer(optimizer=<the user's Adam>)`` with every option off;
+- ``+guards``, ``+accuracy``, ``+progress``, ``+checkpoints``, ``+diagnose``, ``+plot``: one option on;
+- ``trainer``: the Trainer's defaults with the user's Adam.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import overhead  # the model, data, loader and clocks of the timing benchmark
+
+BASE = "minimal-adam"
+OFF = {"progress": "off", "checkpoints": False, "plot": False, "diagnose": False, "guards": "off",
+       "accuracy": "off"}
+OPTIONS = {"guards": "warn", "accuracy": "auto", "progress": "auto", "checkpoints": True, "diagnose": True,
+           "plot": True}
+
+
+def _users_loop(model: Any, loader: Any, epochs: int) -> Any:
+    import torch
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=overhead.LR)
+    overhead._minimal_loop(model, optimizer, loader, epochs, overhead._plain_backward)
+    return model
+
+
+def run_minimal_adam(model: Any, dataset: Any, options: Any) -> Any:
+    return _users_loop(model, overhead._loader(dataset, options), options.epochs)
+
+
+def run_loader(model: Any, dataset: Any, options: Any) -> Any:
+    import trainwise as tw
+
+    loader = tw.training_loader(dataset, batch_size=options.batch_size, seed=options.seed)
+    return _users_loop(model, loader, options.epochs)
+
+
+def run_primitives(model: Any, dataset: Any, options: Any) -> Any:
+    import torch
+
+    import trainwise as tw
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=overhead.LR)
+    loader = tw.training_loader(dataset, batch_size=options.batch_size, seed=options.seed)
+    accumulator = tw.GradientAccumulator(optimizer, steps=1)
+    metrics = tw.MetricSet("cpu")
+    for _ in range(options.epochs):
+        model.train()
+        metrics.reset()
+        for batch, _last in loader.with_last():
+            micro = tw.forward_micro_batch(model, batch)
+            accumulator.backward(micro.loss, count=micro.count, reduction=micro.reduction)
+            metrics.mean("loss").update_loss(micro.loss.detach(), micro.count, micro.reduction)
+            accumulator.step()
+        metrics.compute()
+    return model
+
+
+def run_train_step(model: Any, dataset: Any, options: Any) -> Any:
+    import torch
+
+    import trainwise as tw
+    from trainwise.step import TrainStep
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=overhead.LR)
+    loader = tw.training_loader(dataset, batch_size=options.batch_size, seed=options.seed)
+    metrics = tw.MetricSet("cpu")
+    step = TrainStep(model, tw.GradientAccumulator(optimizer, steps=1), tw.forward_micro_batch, metrics,
+                     accuracy="off")
+    for _ in range(options.epochs):
+        model.train()
+        metrics.reset()
+        for batch, last in loader.with_last():
+            step.add(batch, last=last)
+        metrics.compute()
+    return model
+
+
+def _trainer(**options: Any) -> Callable[[Any, Any, Any], Any]:
+    def run(model: Any, dataset: Any, run_options: Any) -> Any:
+        return overhead._run_trainer(model, dataset, run_options, overhead.Stopwatch(), optimizer=overhead._users_adam,
+                              **options)
+    return run
+
+
+SIDES: dict[str, Callable[[Any, Any, Any], Any]] = {
+    BASE: run_minimal_adam,
+    "loader": run_loader,
+    "primitives": run_primitives,
+    "train-step": run_train_step,
+    "trainer-off": _trainer(**OFF),
+    **{f"+{name}": _trainer(**{**OFF, name: value}) for name, value in OPTIONS.items()},
+    "trainer": _trainer(),
+}
+
+
+def measure(sides: list[str], rounds: int, epochs: int) -> dict[str, Any]:
+    """Per-step CPU seconds of each side in each round, each round's ratio to the base and to trainer-off, and
+    each side's training loss after its warm-up run: every side must end at the same loss (the same work)."""
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    torch.set_num_threads(1)
+    dataset = overhead._data("small", 0)
+    batch_size = overhead.SIZES["small"][4]
+    clock = overhead.StepClock()
+    handle = register_optimizer_step_post_hook(clock)
+
+    losses: dict[str, float] = {}
+
+    def once(side: str) -> float:
+        with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stdout(io.StringIO()), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            options = overhead.RunOptions(epochs=epochs, batch_size=batch_size, seed=0, log_every=50, folder=folder)
+            clock.marks, clock.active = [], True
+            try:
+                model = SIDES[side](overhead._model("small", 0), dataset, options)
+            finally:
+                clock.active = False
+        torch.set_num_threads(1)
+        if side not in losses:
+            losses[side] = _training_loss(model, dataset)
+        return clock.per_step(epochs)["cpu"]
+
+    try:
+        for side in sides:  # warm-up: lazy imports and first calls outside the rounds
+            once(side)
+        times: dict[str, list[float]] = {side: [] for side in sides}
+        for _ in range(rounds):
+            for side in random.sample(sides, len(sides)):
+                times[side].append(once(side))
+    finally:
+        handle.remove()
+    report: dict[str, Any] = {"rounds": rounds, "epochs": epochs, "sides": {}, "losses": losses,
+                              "same_result": len({round(v, 6) for v in losses.values()}) == 1}
+    for side in sides:
+        entry = {"us_per_step": statistics.median(times[side]) * 1e6,
+                 "ratio": _ratio(times[side], times[BASE])}
+        if side.startswith("+") and "trainer-off" in times:
+            entry["ratio_to_trainer_off"] = _ratio(times[side], times["trainer-off"])
+        report["sides"][side] = entry
+    return report
+
+
+def _training_loss(model: Any, dataset: Any) -> float:
+    import torch
+    import torch.nn.functional as F
+
+    inputs, targets = dataset.tensors
+    model.eval()
+    with torch.no_grad():
+        return float(F.cross_entropy(model(inputs), targets))
+
+
+def _ratio(side: list[float], base: list[float]) -> dict[str, float]:
+    """Median and quartiles of the per-round ratios."""
+    ratios = sorted(a / b for a, b in zip(side, base))
+    if len(ratios) < 2:
+        return {"median": ratios[0], "q1": ratios[0], "q3": ratios[0]}
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return {"median": statistics.median(ratios), "q1": q1, "q3": q3}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--epochs", type=int, default=2, help="epochs per side per round (64 steps each)")
+    parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, {BASE} first")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    if not sides or sides[0] != BASE or any(s not in SIDES for s in sides):
+        parser.error(f"--sides must start with {BASE} and use only: {', '.join(SIDES)}")
+    report = measure(sides, args.rounds, args.epochs)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    import torch
+
+    print(f"Per optimizer step, small MLP, the user's Adam, CPU, one thread (torch {torch.__version__}); {args.rounds} "
+          f"rounds of {args.epochs} epochs, per-round ratio median [quartiles]\n")
+    print(f"{'side':<14} {'us/step':>8}  {'vs ' + BASE:<24} vs trainer-off")
+    for side, e in report["sides"].items():
+        r = e["ratio"]
+        off = e.get("ratio_to_trainer_off")
+        off_cell = f"{off['median']:.3f} [{off['q1']:.3f}-{off['q3']:.3f}]" if off else ""
+        print(f"{side:<14} {e['us_per_step']:>8.1f}  {r['median']:.3f} [{r['q1']:.3f}-{r['q3']:.3f}]      {off_cell}")
+    losses = report["losses"]
+    if report["same_result"]:
+        print(f"\nevery side ends at training loss {next(iter(losses.values())):.6f}")
+    else:
+        print("\nthe sides end at different losses, so they did not do the same work: " + ", ".join(
+            f"{side} {loss:.6f}" for side, loss in losses.items()))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
