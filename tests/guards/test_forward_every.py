@@ -22,7 +22,14 @@ def _setup(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer, list]:
 
 
 def _hooked(model: nn.Module) -> bool:
-    return bool(model._forward_hooks or model._forward_pre_hooks)
+    """Whether a forward of the model runs the guard's checks now: its hooks, or its wrapped forward switched on."""
+    wrapper = vars(model).get("forward")
+    on = wrapper is not None and wrapper.guard._forward_on
+    return bool(model._forward_hooks or model._forward_pre_hooks or on)
+
+
+def _untouched(model: nn.Module) -> bool:
+    return not (model._forward_hooks or model._forward_pre_hooks or "forward" in vars(model))
 
 
 def test_forward_hooks_are_on_for_one_step_in_k_and_gone_after_close():
@@ -35,7 +42,7 @@ def test_forward_hooks_are_on_for_one_step_in_k_and_gone_after_close():
             nn.functional.cross_entropy(model(x), y).backward()
             optimizer.step()
     assert seen == [step % 4 == 0 for step in range(12)]
-    assert not _hooked(model) and not optimizer._optimizer_step_post_hooks
+    assert _untouched(model) and not optimizer._optimizer_step_post_hooks
 
 
 def test_a_mistake_that_repeats_is_found_with_forward_every():
@@ -73,7 +80,7 @@ def test_watching_forwards_checks_every_forward_inside_and_restores_the_schedule
     assert not _hooked(model)
     assert [f.code for f in guard.findings] == ["TW103"]
     guard.close()
-    assert not _hooked(model)
+    assert _untouched(model)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])

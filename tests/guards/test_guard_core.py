@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import inspect
+import io
 import warnings
 
 import pytest
@@ -70,7 +73,7 @@ def test_closing_removes_every_hook_and_changes_nothing():
     assert guard.step == 5
     for a, b in zip(guarded.parameters(), plain.parameters()):
         assert torch.equal(a, b)
-    assert not guarded._forward_hooks and not guarded._forward_pre_hooks
+    assert not guarded._forward_hooks and not guarded._forward_pre_hooks and "forward" not in vars(guarded)
     assert not opt_guarded._optimizer_step_pre_hooks and not opt_guarded._optimizer_step_post_hooks
 
 
@@ -181,3 +184,70 @@ def test_forwards_with_a_compiled_model_add_no_graph_break():
     torch._dynamo.reset()
     assert breaks == 0 and guard._depth == 0
     assert [(f.code, f.where) for f in guard.findings] == [("TW102", "(the model)"), ("TW103", "net.1")]
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+
+    def forward(self, input_ids: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return self.layer(input_ids) * scale
+
+
+def test_a_deep_copy_of_a_guarded_model_computes_with_its_own_weights_unguarded():
+    """An EMA copy made with deepcopy during training: its forward is its own, not the guarded model's."""
+    model = _Net()
+    with tw.guard(model, torch.optim.SGD(model.parameters(), lr=0.1), action="record") as guard:
+        twin = copy.deepcopy(model)
+        assert getattr(vars(twin).get("forward"), "guard", None) is None  # no copy of the guard travels with it
+        with torch.no_grad():
+            twin.layer.weight.add_(1.0)
+        x = torch.randn(3, 4)
+        assert not torch.equal(twin(x), model(x))
+        assert torch.equal(twin(x), twin.layer(x))
+        twin.train()
+        with torch.no_grad():
+            twin(x)  # no guard runs on the copy: nothing is reported for it
+    assert guard.findings == []
+
+
+def test_a_guarded_model_pickles_and_loads_as_a_plain_model():
+    model = _Net()
+    with tw.guard(model, torch.optim.SGD(model.parameters(), lr=0.1), action="record"):
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    x = torch.randn(3, 4)
+    assert torch.equal(loaded(x), model(x))
+
+
+def test_the_guarded_forward_has_the_models_signature():
+    """The Hugging Face Trainer keeps only the dataset columns named in ``inspect.signature(model.forward)``."""
+    model = _Net()
+    before = inspect.signature(model.forward)
+    with tw.guard(model, action="record"):
+        assert inspect.signature(model.forward) == before
+        assert list(inspect.signature(model.forward).parameters) == ["input_ids", "scale"]
+
+
+def test_a_forward_wrapped_before_or_after_the_guard_is_kept_and_guards_unwind_in_any_order():
+    model = _Net()
+    own = vars(model).setdefault("forward", model.forward)  # an instance forward set before (Accelerate's)
+    first = tw.guard(model, action="record")
+    second = tw.guard(model, action="record")
+    first.close()  # under the second: stays in its chain until that one goes
+    x = torch.randn(3, 4)
+    assert torch.equal(model(x), model.layer(x))
+    second.close()
+    assert vars(model)["forward"] is own
+    guard = tw.guard(model, action="record")
+    over = vars(model)["forward"]
+    vars(model)["forward"] = lambda *args, **kwargs: over(*args, **kwargs) * 2  # wrapped again after the guard
+    guard.close()
+    assert torch.equal(model(x), model.layer(x) * 2)  # the later wrapper works; the closed guard passes through
+    with torch.no_grad():
+        model.train()
+        model(x)
+    assert guard.findings == []

@@ -160,3 +160,31 @@ def test_a_step_given_a_closure_is_judged_after_the_closure_ran(zeroing):
             optimizer.step(closure)
     assert guard.step == len(batches)
     assert [f.code for f in guard.findings] == (["TW105"] if zeroing == "none" else [])
+
+
+@pytest.mark.parametrize("zeroed_parity", [0, 1])
+def test_zeroing_on_every_other_step_is_reported(zeroed_parity):
+    """Pairs of steps are judged, not every step: their spacing is odd, so either phase of a loop that zeroes
+    only on every other step has a pair with no zeroing between its steps."""
+    model, optimizer, batches = _setup()
+    with trainwise.guard(model, optimizer, action="record", checks=["TW105"]) as guard:
+        for i in range(40):
+            if i % 2 == zeroed_parity:
+                optimizer.zero_grad()
+            _loss(model, batches[i % len(batches)]).backward()
+            optimizer.step()
+    assert [f.code for f in guard.findings] == ["TW105"]
+
+
+def test_a_loop_that_stops_zeroing_late_is_reported_within_a_period():
+    model, optimizer, batches = _setup()
+    with trainwise.guard(model, optimizer, action="record", checks=["TW105"]) as guard:
+        for i in range(60):
+            if i < 30:
+                optimizer.zero_grad()
+            _loss(model, batches[i % len(batches)]).backward()
+            optimizer.step()
+            if i == 29:
+                assert guard.findings == []
+    assert [f.code for f in guard.findings] == ["TW105"]
+    assert 30 < guard.findings[0].step <= 30 + 8  # the next judged pair after zeroing stopped

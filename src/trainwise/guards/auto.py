@@ -41,6 +41,12 @@ _TRAINWISE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + o
 _RUNPY = os.path.abspath(sys.modules["runpy"].__file__) if "runpy" in sys.modules else "runpy.py"
 
 
+class _HookedGuard(Guard):
+    """A guard attached from inside the model's first forward call: its forward hooks run for that call too."""
+
+    _wraps_forward = False
+
+
 @dataclasses.dataclass(frozen=True)
 class Place:
     """A line of the user's code: its file (absolute) and line number."""
@@ -296,7 +302,7 @@ class AutoGuard:
         def found(finding: GuardFinding) -> None:
             self._found(root, finding, closing=guard is not None and guard.closing)
 
-        guard = Guard(module, optimizer, action="record", checks=codes, on_finding=found,
+        guard = _HookedGuard(module, optimizer, action="record", checks=codes, on_finding=found,
                       check_every=self.check_every)
         guard.check_when_freed = True
         root.guards.append(weakref.ref(guard))

@@ -9,7 +9,9 @@ the device is gathered there and read in ``on_check``, every ``check_every`` opt
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import functools
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +28,7 @@ Action = Literal["warn", "raise", "record"]
 # Guard codes the doctor has no rule for yet, so no `trainwise doctor --explain` page: their findings point to the
 # lab only (tests/guards/test_guard_core.py fails once the doctor explains one, to take it out of this set).
 NOT_EXPLAINED: frozenset[str] = frozenset()
+_NEVER = sys.maxsize  # no call is due
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +96,10 @@ class Guard:
     ``self.model(x)`` rather than ``self(x)`` (a call nested in another checked forward is not checked again).
     """
 
+    # the plain case wraps model.forward rather than hooking it; a guard attached from inside a forward call (the
+    # AutoGuard's) hooks it, so that the call running already gets its forward hook
+    _wraps_forward = True
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -142,12 +149,18 @@ class Guard:
         self._forward_hooks: list[tuple[Callable[..., Any], bool]] = []  # (hook, is a pre-hook)
         self._forward_handles: list[Any] = []
         self._forward_on = False
+        self._forward_wrapper: _GuardedForward | None = None
         self._watching = 0  # nested watching_forwards() blocks
         self._in_entry = 0  # forwards of a compiled entry running: the module inside is checked there
         # the forward hooks are inside a compiled region: never removed before close (the module compiled in
         # place, or a hook seen running from a compiled graph)
         self._hooks_stay = getattr(self.model, "_compiled_call_impl", None) is not None
-        self.closure_step = False  # the optimizer step running was given a closure (it runs backward itself)
+        # the optimizer step running was given a closure (it runs backward itself); set on the steps a check listens
+        # before (before_step), which are the steps it reads this on
+        self.closure_step = False
+        # calls due once guard.step reaches a step: work a check does every few steps costs nothing on the others
+        self._wakes: dict[int, list[Callable[[], None]]] = {}
+        self._next_wake = _NEVER
         self.checks = [cls(self) for cls in check_classes(checks)]
         self._closed = False
         self.closing = False  # True during the last on_check (at close)
@@ -241,13 +254,21 @@ class Guard:
             self._hook_inside_compiled(pre if before_forward else None, post if after_forward else None)
         if self._forwards and self._forward_hooks:
             self._hook_direct_calls(pre if before_forward else None, post if after_forward else None)
+        if self._forward_hooks and self._wraps_forward and not (self._entries or self._forwards or self._hooks_stay
+                                                                or isinstance(model, torch.jit.ScriptModule)):
+            # the plain case: model.forward wrapped (an instance attribute) rather than hooked, which keeps
+            # torch's hook-free call path (about 30 Python lines a forward less); switched by _forward_on
+            self._forward_wrapper = _GuardedForward(self, model, calls, eager_pre, eager_post)
+            vars(model)["forward"] = self._forward_wrapper
         self._set_forward_hooks(True)  # step 0 is always watched
         if self.optimizer is not None:
             def step_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-                # torch passes step's own arguments, the optimizer first: step(closure) or step(closure=...)
-                self.closure_step = (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
-                for call in calls["before_step"]:
-                    call(optimizer)
+                before = calls["before_step"]
+                if before:  # most steps have none: the checks that judge steps sample them
+                    # torch passes step's own arguments, the optimizer first: step(closure) or step(closure=...)
+                    self.closure_step = (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
+                    for call in before:
+                        call(optimizer)
 
             def step_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
                 self.step += 1
@@ -255,6 +276,8 @@ class Guard:
                 self._in_entry = self._depth = 0
                 for call in calls["after_step"]:
                     call(optimizer)
+                if self.step >= self._next_wake:
+                    self._wake()
                 if self.forward_every > 1 and not self._watching:
                     due = self.step % self.forward_every == 0
                     if due != self._forward_on:
@@ -264,6 +287,19 @@ class Guard:
 
             self._handles.append(self.optimizer.register_step_pre_hook(step_pre))
             self._handles.append(self.optimizer.register_step_post_hook(step_post))
+
+    def at_step(self, step: int, call: Callable[[], None]) -> None:
+        """Call ``call()`` once, right after the optimizer step that brings ``guard.step`` to ``step`` (or after
+        the next step, for a step already reached): a check with work on one step in several schedules it here
+        instead of listening on every step."""
+        self._wakes.setdefault(step, []).append(call)
+        self._next_wake = min(self._next_wake, step)
+
+    def _wake(self) -> None:
+        for step in sorted(s for s in self._wakes if s <= self.step):
+            for call in self._wakes.pop(step):
+                call()
+        self._next_wake = min(self._wakes, default=_NEVER)
 
     def _hook_inside_compiled(self, pre: Callable[..., None] | None, post: Callable[..., Any] | None) -> None:
         """With compiled entries: hooks that stay on the user's module until ``close`` (a compiled graph keeps the
@@ -329,6 +365,8 @@ class Guard:
         if on == self._forward_on or (on and self._closed):
             return
         self._forward_on = on
+        if self._forward_wrapper is not None:
+            return  # the wrapper stays until close, switched by _forward_on
         if self._hooks_stay and self._forward_handles:
             return  # hooks a compiled graph calls: switched by _forward_on, removed only at close
         if on:
@@ -401,10 +439,14 @@ class Guard:
         finally:
             self._forward_on = False
             self._remove_forward_hooks()
+            if self._forward_wrapper is not None:
+                self._forward_wrapper.remove()
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
             self._forward_hooks.clear()
+            self._wakes.clear()
+            self._next_wake = _NEVER
             for item in self.checks:
                 item.close()
             # a closed guard keeps no wrapper (DDP, compile) alive: one that outlives its process group
@@ -422,6 +464,68 @@ class Guard:
 
     def __exit__(self, *exc: Any) -> None:
         self.close(check=exc[0] is None)  # after a failure: the hooks removed, nothing more reported
+
+
+class _GuardedForward:
+    """``model.forward`` while a guard watches it (an instance attribute, taken away at ``close``): the checks
+    before and after the model's own forward. A guard with no wrapper above it at ``close`` puts back what was
+    there; one wrapped again since (Accelerate's ``prepare``, another guard) stays in that chain, passing calls
+    through. A deep copy or a pickle of the model (an EMA copy, ``torch.save(model)``) gets the forward that was
+    there before, bound to the copy: the wrapper, which holds the guard, never travels with it."""
+
+    def __init__(self, guard: Guard, model: torch.nn.Module, calls: dict[str, tuple[Callable[..., Any], ...]],
+                 eager_pre: Callable[..., Any], eager_post: Callable[..., Any]) -> None:
+        self.guard, self.model, self.calls = guard, model, calls
+        self.own = vars(model).get("forward")  # an instance attribute there before (Accelerate's wrapper) or None
+        self.original = model.forward
+        self.__wrapped__ = self.original  # inspect.signature (the HF Trainer's column filter) sees the model's own
+        self.eager_pre, self.eager_post = eager_pre, eager_post
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.guard._forward_on:
+            return self.original(*args, **kwargs)
+        if torch.compiler.is_compiling():  # traced by torch.compile: the checks run eagerly (a graph break each)
+            self.eager_pre(args, kwargs)
+            output = self.original(*args, **kwargs)
+            replaced = self.eager_post(args, kwargs, output)
+            return output if replaced is None else replaced
+        model, calls = self.model, self.calls
+        for call in calls["before_forward"]:
+            call(model, args, kwargs)
+        output = self.original(*args, **kwargs)
+        replaced = None
+        for call in calls["after_forward"]:
+            result = call(model, args, kwargs, output if replaced is None else replaced)
+            replaced = result if result is not None else replaced
+        return output if replaced is None else replaced
+
+    def remove(self) -> None:
+        """Put back the forward there before, unless another wrapper was set over this one since."""
+        attributes = vars(self.model)
+        if attributes.get("forward") is not self:
+            return
+        own = self.own
+        while isinstance(own, _GuardedForward) and own.guard._closed:  # an inner guard closed first: gone too
+            own = own.own
+        if own is None:
+            del attributes["forward"]
+        else:
+            attributes["forward"] = own
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        if self.own is None:
+            copied = memo.get(id(self.model), self.model)
+            return functools.partial(type(self.model).forward, copied)
+        return copy.deepcopy(self.own, memo)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.own is None:
+            return functools.partial, (type(self.model).forward, self.model)
+        return _same, (self.own,)
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def guard(

@@ -45,16 +45,32 @@ class GraphKeptAcrossSteps(Check):
         super().__init__(guard)
         self._pending: collections.deque[tuple[int, weakref.ref[GraphLifetime]]] = collections.deque()
         self._done = False
-        self._tagging = True  # after_forward is called (a sampled step)
 
-    def _tag_forwards(self, on: bool) -> None:
-        self._tagging = on
-        self.guard.listen(self, "after_forward", on)
+    def on_install(self) -> None:
+        # nothing runs on the steps between: a sampled step's forwards are tagged (after_forward listened to
+        # from step s to s + 1) and judged after step s + _LAG, at calls the guard makes on those steps only
+        if self.guard.optimizer is None:  # no optimizer steps to keep a graph across
+            self.guard.listen(self, "after_forward", False)
+            return
+        self._sample(first=True)
+
+    def _sample(self, *, first: bool = False) -> None:
+        if self._done:
+            return
+        step = self.guard.step
+        if not first:
+            self.guard.listen(self, "after_forward", True)
+        self.guard.at_step(step + 1, self._stop_tagging)
+        self.guard.at_step(step + _LAG, self._judge)
+        self.guard.at_step(step + _SAMPLE, self._sample)
+
+    def _stop_tagging(self) -> None:
+        self.guard.listen(self, "after_forward", False)
 
     def after_forward(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> None:
-        if self._done or not module.training or not torch.is_grad_enabled() or self.guard.optimizer is None:
+        if self._done or not module.training or not torch.is_grad_enabled():
             return None
         if len(self._pending) >= _MAX_PENDING:
             return None
@@ -70,22 +86,16 @@ class GraphKeptAcrossSteps(Check):
         self._pending.append((self.guard.step, weakref.ref(token)))
         return None
 
-    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
-        due = self.guard.step % _SAMPLE == 0 and not self._done
-        if due != self._tagging:
-            self._tag_forwards(due)
+    def _judge(self) -> None:
+        """Report the forwards made ``_LAG`` or more steps ago whose graphs are still alive."""
         pending = self._pending
-        if not pending:
-            return
         limit = self.guard.step - _LAG
-        if pending[0][0] > limit:
-            return
         kept: list[int] = []
         while pending and pending[0][0] <= limit:
             step, ref = pending.popleft()
             if ref() is not None:
                 kept.append(step)
-        if kept:
+        if kept and not self._done:
             self._report(kept)
 
     def _report(self, kept: list[int]) -> None:

@@ -51,6 +51,7 @@ class EvaluationInTrainMode(Check):
     def _refresh(self) -> None:
         modules = self.guard.model.named_modules()
         self._modules: list[tuple[str, nn.Module]] = [(name, m) for name, m in modules if _acts_differently(m)]
+        self.guard.listen(self, "before_forward", bool(self._modules))  # no dropout or norm module: nothing to see
 
     def _scan(self) -> None:
         training = [(name, m) for name, m in self._modules if m.training and not is_pinned_eval(m)]

@@ -12,10 +12,11 @@ import torch
 from trainwise.guards.check import Check
 
 _CANDIDATES = 4  # the first parameters, of which the first with a gradient has it followed from step to step
+_PERIOD = 7  # steps from one judged pair of steps to the next (odd: a loop that zeroes every other step is caught)
 
 
 class GradientsNeverZeroed(Check):
-    """No ``zero_grad()`` between two steps and the same gradient tensors as after the last step: ``backward()``
+    """No ``zero_grad()`` between two steps and the same gradient tensors as after the first of them: ``backward()``
     added to them, so the step applies every earlier batch's gradient again.
 
     ``optimizer.zero_grad`` and ``model.zero_grad`` are wrapped (instance attributes, removed at ``close``) to
@@ -23,15 +24,18 @@ class GradientsNeverZeroed(Check):
     the gradients without calling the inner optimizer's, DDP's zeroes them without the module's. ``p.grad =
     None`` by hand replaces the tensors, which weak references notice. A step given a closure (LBFGS,
     Lightning's automatic optimization) runs ``zero_grad`` and ``backward`` inside ``step()``: judged after it.
+
+    A loop that forgets to zero does so on every step, so pairs of consecutive steps are judged, not every step:
+    steps 0 and 1, then 7 and 8, 14 and 15... (every ``_PERIOD`` steps, an odd number, so a loop that zeroes on
+    every other step is caught too); the steps between cost only the zeroing spies.
     """
 
     code = "TW105"
 
     def on_install(self) -> None:
-        self._zeroed = False
-        self._done = False
-        # the followed gradient as the last step applied it, and its parameter: one only, since a weak reference
-        # to a gradient costs about a microsecond a step (torch keeps the tensor's Python object alive for it)
+        self.zeroed = False  # set by the spies: a zero_grad ran since the pair's first step
+        # the followed gradient as the pair's first step applied it, and its parameter: one only, since a weak
+        # reference to a gradient costs about a microsecond (torch keeps the tensor's Python object alive for it)
         self._last: weakref.ref[torch.Tensor] | None = None
         self._last_param: torch.Tensor | None = None
         self._saved: list[tuple[Any, Any]] = []  # (owner, its own zero_grad attribute or None) to restore
@@ -39,6 +43,7 @@ class GradientsNeverZeroed(Check):
         optimizer = self.guard.optimizer
         if optimizer is None:
             self._watched: list[torch.Tensor] = []
+            self.guard.listen(self, "before_step", False)
             return
         self._watched = [p for group in optimizer.param_groups for p in group["params"]][:_CANDIDATES]
         for owner in [*self.guard.optimizer_layers, *self.guard.model_layers]:
@@ -49,41 +54,44 @@ class GradientsNeverZeroed(Check):
         self._saved.append((owner, own))
         object.__setattr__(owner, "zero_grad", _ZeroGradSpy(owner, owner.zero_grad, self))
 
-    def note_zeroed(self) -> None:
-        self._zeroed = True
-
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.guard.closure_step:  # the gradients this step applies do not exist yet: judged after it
             self.guard.listen(self, "after_step", True)
             return
-        self._judge(optimizer)
+        self._visit(optimizer)
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.guard.closure_step:
-            self._judge(optimizer)
+            self._visit(optimizer)
 
-    def _judge(self, optimizer: torch.optim.Optimizer) -> None:
-        """Report when no zeroing ran and the followed gradient is the tensor the last step applied; then follow
-        the gradient this step applies (a step never replaces gradients)."""
-        if self._zeroed:
-            self._zeroed = False
-        elif self._last is not None and self._last_param.grad is self._last():  # type: ignore[union-attr]
-            self._done = True
-            self.guard.listen(self, "before_step", False)
-            self.guard.listen(self, "after_step", False)
-            self.guard.report(
-                self.code, type(optimizer).__name__,
-                "no zero_grad() ran since the last step and backward() added to the same gradients, so this step "
-                "applies every earlier batch's gradient again; call optimizer.zero_grad(set_to_none=True) once "
-                "per step, before backward() or after step().",
-            )
-            return
-        for param in self._watched:
-            grad = param.grad
-            if grad is not None:
-                self._last, self._last_param = weakref.ref(grad), param
-                return
+    def _visit(self, optimizer: torch.optim.Optimizer) -> None:
+        """A pair's first step follows the gradient it applies; its second reports when no zeroing ran and the
+        followed gradient is still the same tensor (a step never replaces gradients), then the pair ends."""
+        if self._last is None:
+            self.zeroed = False
+            for param in self._watched:
+                grad = param.grad
+                if grad is not None:
+                    self._last, self._last_param = weakref.ref(grad), param
+                    return
+            return  # no gradient yet: the next step starts the pair
+        same = not self.zeroed and self._last_param.grad is self._last()  # type: ignore[union-attr]
         self._last = self._last_param = None
+        self.guard.listen(self, "before_step", False)
+        self.guard.listen(self, "after_step", False)
+        if not same:
+            # the next pair starts _PERIOD steps after this one started (the step before this)
+            self.guard.at_step(self.guard.step + _PERIOD - 1, self._start_pair)
+            return
+        self.guard.report(
+            self.code, type(optimizer).__name__,
+            "no zero_grad() ran since the last step and backward() added to the same gradients, so this step "
+            "applies every earlier batch's gradient again; call optimizer.zero_grad(set_to_none=True) once "
+            "per step, before backward() or after step().",
+        )
+
+    def _start_pair(self) -> None:
+        self.guard.listen(self, "before_step", True)
 
     def close(self) -> None:
         for owner, own in self._saved:
@@ -104,7 +112,7 @@ class _ZeroGradSpy:
         self.owner, self.original, self.check = owner, original, check
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.check.note_zeroed()
+        self.check.zeroed = True
         return self.original(*args, **kwargs)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:

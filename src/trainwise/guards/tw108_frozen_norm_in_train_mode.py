@@ -65,6 +65,7 @@ class FrozenNormInTrainMode(Check):
             params = _deciding_params(modules, name)
             if _frozen(params):
                 self._frozen_layers.append((name, layer, params))
+        self.guard.listen(self, "before_forward", bool(self._frozen_layers))  # none frozen: nothing to see until then
 
     def _report(self, name: str, layer: nn.Module) -> None:
         self.guard.report(
