@@ -9,7 +9,6 @@ the device is gathered there and read in ``on_check``, every ``check_every`` opt
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import sys
@@ -512,13 +511,7 @@ class _GuardedForward:
         else:
             attributes["forward"] = own
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        if self.own is None:
-            copied = memo.get(id(self.model), self.model)
-            return functools.partial(type(self.model).forward, copied)
-        return copy.deepcopy(self.own, memo)
-
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Any, ...]:  # copy.deepcopy uses it too, copying the model through its memo
         if self.own is None:
             return functools.partial, (type(self.model).forward, self.model)
         return _same, (self.own,)
