@@ -118,15 +118,19 @@ def test_kept_graph_is_reported_once_within_two_steps(loop: Callable[..., None])
     assert [w.message.code for w in caught] == ["TW102"]
 
 
-def test_only_one_step_in_eight_is_tagged_and_a_late_leak_is_found_at_the_next_tagged_step() -> None:
-    # tagging a forward costs a microsecond or two: the forwards of steps 0, 8, 16... are tagged, since a loop that
-    # keeps graphs keeps them every step; one that starts keeping them at step 3 is found from step 8's forward
+def test_one_step_in_thirty_two_is_tagged_and_a_late_leak_is_found_at_the_next_tagged_step() -> None:
+    # a sampled step costs tens of microseconds (cold code beside the loop's own): the forwards of steps 0, 32, 64...
+    # are tagged, since a loop that keeps graphs keeps them every step; one that starts keeping them at step 3 is
+    # found from step 32's forward
+    from trainwise.guards.tw102_graph_kept import _SAMPLE
+
+    assert _SAMPLE == 32 and _SAMPLE % 8 == 0  # a multiple of forward_every=8, the Trainer's: its forwards are hooked
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     tagged, kept = [], []
     with trainwise.guard(model, optimizer, action="record", checks=["TW102"]) as guard:
-        for i in range(16):
+        for i in range(2 * _SAMPLE):
             optimizer.zero_grad()
             output = model(torch.randn(4, 8))
             tagged.append(bool(output.grad_fn.metadata))  # the token sits on the output's autograd node
@@ -135,9 +139,10 @@ def test_only_one_step_in_eight_is_tagged_and_a_late_leak_is_found_at_the_next_t
             optimizer.step()
             if i >= 3:
                 kept.append(loss)  # the mistake, from the fourth step on
-    assert [i for i, t in enumerate(tagged) if t] == [0, 8]
-    assert [(f.code, f.step) for f in guard.findings] == [("TW102", 11)]  # the forward before step 9, after step 11
-    assert "before step 9" in guard.findings[0].message
+    assert [i for i, t in enumerate(tagged) if t] == [0, _SAMPLE]
+    # the forward before step 33, judged after step 35
+    assert [(f.code, f.step) for f in guard.findings] == [("TW102", _SAMPLE + 3)]
+    assert f"before step {_SAMPLE + 1}" in guard.findings[0].message
 
 
 def test_message_counts_the_kept_graphs() -> None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import trainwise
+from trainwise.guards.tw105_gradients_never_zeroed import _PERIOD
 
 
 def _setup(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -168,7 +169,7 @@ def test_zeroing_on_every_other_step_is_reported(zeroed_parity):
     only on every other step has a pair with no zeroing between its steps."""
     model, optimizer, batches = _setup()
     with trainwise.guard(model, optimizer, action="record", checks=["TW105"]) as guard:
-        for i in range(40):
+        for i in range(_PERIOD + 2):
             if i % 2 == zeroed_parity:
                 optimizer.zero_grad()
             _loss(model, batches[i % len(batches)]).backward()
@@ -179,7 +180,7 @@ def test_zeroing_on_every_other_step_is_reported(zeroed_parity):
 def test_a_loop_that_stops_zeroing_late_is_reported_within_a_period():
     model, optimizer, batches = _setup()
     with trainwise.guard(model, optimizer, action="record", checks=["TW105"]) as guard:
-        for i in range(60):
+        for i in range(30 + _PERIOD + 2):
             if i < 30:
                 optimizer.zero_grad()
             _loss(model, batches[i % len(batches)]).backward()
@@ -187,4 +188,56 @@ def test_a_loop_that_stops_zeroing_late_is_reported_within_a_period():
             if i == 29:
                 assert guard.findings == []
     assert [f.code for f in guard.findings] == ["TW105"]
-    assert 30 < guard.findings[0].step <= 30 + 8  # the next judged pair after zeroing stopped
+    assert 30 < guard.findings[0].step <= 30 + _PERIOD + 1  # the next judged pair after zeroing stopped
+
+
+def test_the_zeroing_spies_are_set_for_the_judged_pairs_only():
+    """Between judged pairs ``zero_grad`` is the optimizer's and the model's own: those steps cost nothing."""
+    model, optimizer, batches = _setup()
+    spied = []
+    with trainwise.guard(model, optimizer, action="record", checks=["TW105"]) as guard:
+        for i in range(2 * _PERIOD + 2):
+            spied.append("zero_grad" in vars(optimizer) and "zero_grad" in vars(model))
+            optimizer.zero_grad()
+            _loss(model, batches[i % len(batches)]).backward()
+            optimizer.step()
+    # set for the pairs' steps 0-1, 31-32, 62-63 (from before the first step to the second step's pre-hook)
+    assert [i for i, s in enumerate(spied) if s] == [0, 1, _PERIOD, _PERIOD + 1, 2 * _PERIOD, 2 * _PERIOD + 1]
+    assert guard.findings == []
+    assert "zero_grad" not in vars(optimizer) and "zero_grad" not in vars(model)
+
+
+def test_a_zero_grad_set_by_the_user_between_pairs_is_spied_on_and_kept():
+    model, optimizer, batches = _setup()
+    calls = []
+    with trainwise.guard(model, optimizer, action="record", checks=["TW105"]) as guard:
+        for i in range(2 * _PERIOD + 2):
+            if i == 3:  # between pairs: the user's own wrapper, which zeroes in place
+                plain = optimizer.zero_grad
+
+                def counted(*args, plain=plain, **kwargs):
+                    calls.append(1)
+                    return plain(*args, **kwargs)
+
+                optimizer.zero_grad = counted
+            optimizer.zero_grad(set_to_none=False)
+            _loss(model, batches[i % len(batches)]).backward()
+            optimizer.step()
+        assert vars(optimizer)["zero_grad"] is counted  # after the pairs 31-32 and 62-63
+    assert guard.findings == []  # its zeroing was seen, though the gradient tensors stay the same
+    assert vars(optimizer)["zero_grad"] is counted and len(calls) == 2 * _PERIOD - 1
+
+
+def test_a_wrapper_set_over_a_spy_stays_and_keeps_the_check_right():
+    model, optimizer, batches = _setup()
+    with trainwise.guard(model, optimizer, action="record", checks=["TW105"]) as guard:
+        spy = optimizer.zero_grad  # set for the first pair
+        optimizer.zero_grad = lambda *a, **k: spy(*a, **k)  # someone wraps it in the pair
+        wrapper = optimizer.zero_grad
+        for i in range(2 * _PERIOD + 2):
+            optimizer.zero_grad(set_to_none=False)
+            _loss(model, batches[i % len(batches)]).backward()
+            optimizer.step()
+        assert optimizer.zero_grad is wrapper
+    assert guard.findings == []
+    assert optimizer.zero_grad is wrapper  # close leaves another's wrapper in place

@@ -157,6 +157,9 @@ class Guard:
         # the optimizer step running was given a closure (it runs backward itself); set on the steps a check listens
         # before (before_step), which are the steps it reads this on
         self.closure_step = False
+        self._step_pre: Callable[..., None] | None = None  # the optimizer's step pre-hook, once installed
+        self._step_pre_handle: Any = None  # registered while a check listens before steps (see _hook_step_pre)
+        self._in_step_pre = False
         # calls due once guard.step reaches a step: work a check does every few steps costs nothing on the others
         self._wakes: dict[int, list[Callable[[], None]]] = {}
         self._next_wake = _NEVER
@@ -193,6 +196,20 @@ class Guard:
         else:
             muted.add(check)
         self._calls[event] = tuple(getattr(c, event) for c in self._listeners[event] if c not in muted)
+        if event == "before_step" and not self._in_step_pre:  # inside it, torch iterates the hooks: step_post does it
+            self._hook_step_pre()
+
+    def _hook_step_pre(self) -> None:
+        """The optimizer's step pre-hook registered while a check listens before steps, and only then: most
+        steps have none to call (the checks that judge steps sample them)."""
+        if self._step_pre is None or self.optimizer is None:
+            return
+        wanted = bool(self._calls["before_step"]) and not self._closed
+        if wanted and self._step_pre_handle is None:
+            self._step_pre_handle = self.optimizer.register_step_pre_hook(self._step_pre)
+        elif not wanted and self._step_pre_handle is not None:
+            self._step_pre_handle.remove()
+            self._step_pre_handle = None
 
     def _install(self) -> None:
         events = ("before_forward", "after_forward", "before_step", "after_step")
@@ -262,17 +279,21 @@ class Guard:
         self._set_forward_hooks(True)  # step 0 is always watched
         if self.optimizer is not None:
             def step_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-                before = calls["before_step"]
-                if before:  # most steps have none: the checks that judge steps sample them
-                    # torch passes step's own arguments, the optimizer first: step(closure) or step(closure=...)
-                    self.closure_step = (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
-                    for call in before:
+                # torch passes step's own arguments, the optimizer first: step(closure) or step(closure=...)
+                self.closure_step = (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
+                self._in_step_pre = True
+                try:
+                    for call in calls["before_step"]:
                         call(optimizer)
+                finally:
+                    self._in_step_pre = False
 
             def step_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
                 self.step += 1
                 # no forward runs between steps (one interrupted by Ctrl-C left it counted)
                 self._in_entry = self._depth = 0
+                if (self._step_pre_handle is None) == bool(calls["before_step"]):  # a listen inside the pre-hook
+                    self._hook_step_pre()
                 for call in calls["after_step"]:
                     call(optimizer)
                 if self.step >= self._next_wake:
@@ -284,7 +305,8 @@ class Guard:
                 if self.step % self.check_every == 0:
                     self.check_now()
 
-            self._handles.append(self.optimizer.register_step_pre_hook(step_pre))
+            self._step_pre = step_pre
+            self._hook_step_pre()
             self._handles.append(self.optimizer.register_step_post_hook(step_post))
 
     def at_step(self, step: int, call: Callable[[], None]) -> None:
@@ -443,6 +465,9 @@ class Guard:
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
+            if self._step_pre_handle is not None:
+                self._step_pre_handle.remove()
+                self._step_pre_handle = None
             self._forward_hooks.clear()
             self._wakes.clear()
             self._next_wake = _NEVER

@@ -25,7 +25,7 @@ _LAG = 3  # a forward made when guard.step was s is judged after step s + 3: two
 _MAX_PENDING = 4096  # forwards waiting for their verdict, at most (a loop whose optimizer never steps)
 # the training forwards of one optimizer step in _SAMPLE are tagged (steps 0, 8, 16...): a loop that keeps graphs
 # keeps them every step, so the sampled ones show it, at an eighth of the cost (the first step is always tagged)
-_SAMPLE = 8
+_SAMPLE = 32
 
 
 class GraphLifetime:

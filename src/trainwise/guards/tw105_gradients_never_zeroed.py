@@ -12,7 +12,7 @@ import torch
 from trainwise.guards.check import Check
 
 _CANDIDATES = 4  # the first parameters, of which the first with a gradient has it followed from step to step
-_PERIOD = 7  # steps from one judged pair of steps to the next (odd: a loop that zeroes every other step is caught)
+_PERIOD = 31  # steps from one judged pair of steps to the next (odd: a loop that zeroes every other step is caught)
 
 
 class GradientsNeverZeroed(Check):
@@ -27,7 +27,7 @@ class GradientsNeverZeroed(Check):
 
     A loop that forgets to zero does so on every step, so pairs of consecutive steps are judged, not every step:
     steps 0 and 1, then 7 and 8, 14 and 15... (every ``_PERIOD`` steps, an odd number, so a loop that zeroes on
-    every other step is caught too); the steps between cost only the zeroing spies.
+    every other step is caught too). The spies are set for the pairs only: the steps between cost nothing.
     """
 
     code = "TW105"
@@ -38,7 +38,9 @@ class GradientsNeverZeroed(Check):
         # reference to a gradient costs about a microsecond (torch keeps the tensor's Python object alive for it)
         self._last: weakref.ref[torch.Tensor] | None = None
         self._last_param: torch.Tensor | None = None
-        self._saved: list[tuple[Any, Any]] = []  # (owner, its own zero_grad attribute or None) to restore
+        self._spies: list[_ZeroGradSpy] = []  # one per owner, set during a judged pair only
+        self._spying = False
+        self._kept = False  # a spy was wrapped again by someone else: all stay until close
         self.guard.listen(self, "after_step", False)  # needed only once a step is given a closure
         optimizer = self.guard.optimizer
         if optimizer is None:
@@ -46,13 +48,20 @@ class GradientsNeverZeroed(Check):
             self.guard.listen(self, "before_step", False)
             return
         self._watched = [p for group in optimizer.param_groups for p in group["params"]][:_CANDIDATES]
-        for owner in [*self.guard.optimizer_layers, *self.guard.model_layers]:
-            self._wrap(owner)
+        self._spies = [_ZeroGradSpy(owner, self) for owner in [*self.guard.optimizer_layers, *self.guard.model_layers]]
+        self._spy(True)  # the first pair starts now
 
-    def _wrap(self, owner: Any) -> None:
-        own = vars(owner).get("zero_grad")
-        self._saved.append((owner, own))
-        object.__setattr__(owner, "zero_grad", _ZeroGradSpy(owner, owner.zero_grad, self))
+    def _spy(self, on: bool) -> None:
+        """Set the zeroing spies (a pair starts) or take them away (it ended), unless another wrapper now sits
+        over one of them: then they stay until close."""
+        if on == self._spying or (not on and self._kept):
+            return
+        if not on and any(vars(spy.owner).get("zero_grad") is not spy for spy in self._spies):
+            self._kept = True
+            return
+        self._spying = on
+        for spy in self._spies:
+            spy.set() if on else spy.unset()
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.guard.closure_step:  # the gradients this step applies do not exist yet: judged after it
@@ -79,6 +88,7 @@ class GradientsNeverZeroed(Check):
         self._last = self._last_param = None
         self.guard.listen(self, "before_step", False)
         self.guard.listen(self, "after_step", False)
+        self._spy(False)
         if not same:
             # the next pair starts _PERIOD steps after this one started (the step before this)
             self.guard.at_step(self.guard.step + _PERIOD - 1, self._start_pair)
@@ -91,25 +101,44 @@ class GradientsNeverZeroed(Check):
         )
 
     def _start_pair(self) -> None:
+        self._spy(True)
         self.guard.listen(self, "before_step", True)
 
     def close(self) -> None:
-        for owner, own in self._saved:
-            if own is None:
-                vars(owner).pop("zero_grad", None)
-            else:
-                object.__setattr__(owner, "zero_grad", own)
-        self._saved.clear()
+        for spy in self._spies:
+            spy.unset()
+        self._spies.clear()
+        self._spying = False
         self._last = self._last_param = None
 
 
 class _ZeroGradSpy:
-    """``owner.zero_grad`` that tells the check zeroing happened. A deep copy or a pickle of the owner (an EMA
-    copy of the model, ``torch.save(model)``) gets the plain method bound to the copy instead: the spy, which
-    holds the guard, never travels with it."""
+    """``owner.zero_grad`` that tells the check zeroing happened, set as an instance attribute over whatever
+    ``zero_grad`` the owner has when set (``unset`` puts that back, unless another wrapper sits over the spy now,
+    which stays). A deep copy or a pickle of the owner (an EMA copy of the model, ``torch.save(model)``) gets the
+    plain method bound to the copy instead: the spy, which holds the guard, never travels with it."""
 
-    def __init__(self, owner: Any, original: Callable[..., Any], check: GradientsNeverZeroed) -> None:
-        self.owner, self.original, self.check = owner, original, check
+    def __init__(self, owner: Any, check: GradientsNeverZeroed) -> None:
+        self.owner, self.check = owner, check
+        self.own: Any = None  # the owner's own zero_grad attribute when set (None: the class's method)
+        self.original: Callable[..., Any] = owner.zero_grad
+
+    def set(self) -> None:
+        attributes = vars(self.owner)
+        if attributes.get("zero_grad") is self:
+            return
+        self.own = attributes.get("zero_grad")
+        self.original = self.owner.zero_grad
+        object.__setattr__(self.owner, "zero_grad", self)
+
+    def unset(self) -> None:
+        attributes = vars(self.owner)
+        if attributes.get("zero_grad") is not self:
+            return
+        if self.own is None:
+            del attributes["zero_grad"]
+        else:
+            object.__setattr__(self.owner, "zero_grad", self.own)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.check.zeroed = True
