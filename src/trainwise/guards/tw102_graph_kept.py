@@ -5,7 +5,7 @@ Each training forward's output gets a token: a tiny object stored in the ``metad
 that forward's autograd graph; the guard holds it only by a weak reference. A token still alive two optimizer
 steps after its forward means something (``total += loss``, ``losses.append(loss)``, a dict entry) keeps the
 graph. The output itself is not touched: same object, same values, in-place operations still allowed. Only the
-forwards of one step in eight are tagged (the first step's always): what keeps one graph keeps them all.
+forwards of one step in 32 are tagged (the first step's always): what keeps one graph keeps them all.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ _WHERE = "(the model)"
 _KEY = "trainwise.TW102"  # the token's key in grad_fn.metadata
 _LAG = 3  # a forward made when guard.step was s is judged after step s + 3: two full steps after its own
 _MAX_PENDING = 4096  # forwards waiting for their verdict, at most (a loop whose optimizer never steps)
-# the training forwards of one optimizer step in _SAMPLE are tagged (steps 0, 8, 16...): a loop that keeps graphs
-# keeps them every step, so the sampled ones show it, at an eighth of the cost (the first step is always tagged)
+# the training forwards of one optimizer step in _SAMPLE are tagged (steps 0, 32, 64...): a loop that keeps graphs
+# keeps them every step, so the sampled ones show it; a sampled step is cold code in a tight loop (tens of us), so
+# samples are rare. A multiple of forward_every=8 (the Trainer's), whose steps have their forwards hooked
 _SAMPLE = 32
 
 
