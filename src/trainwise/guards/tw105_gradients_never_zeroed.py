@@ -26,7 +26,7 @@ class GradientsNeverZeroed(Check):
     Lightning's automatic optimization) runs ``zero_grad`` and ``backward`` inside ``step()``: judged after it.
 
     A loop that forgets to zero does so on every step, so pairs of consecutive steps are judged, not every step:
-    steps 0 and 1, then 7 and 8, 14 and 15... (every ``_PERIOD`` steps, an odd number, so a loop that zeroes on
+    steps 0 and 1, then 31 and 32, 62 and 63... (every ``_PERIOD`` steps, an odd number, so a loop that zeroes on
     every other step is caught too). The spies are set for the pairs only: the steps between cost nothing.
     """
 
