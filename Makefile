@@ -17,10 +17,11 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/trainwise demo
 
+# PYTHONFAULTHANDLER: spawned and torchrun processes inherit it, so a fatal signal (a gloo abort) prints their stacks
 test: $(STAMP)
 	$(BIN)/python -m ruff check .
 	$(BIN)/trainwise doctor src examples benchmarks
-	$(BIN)/python -m pytest -q
+	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)  # the inner loop: every test but those marked slow (CI runs them all with make test)
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -6,6 +6,7 @@ torch.OutOfMemoryError above a micro-batch size, as CUDA would."""
 from __future__ import annotations
 
 import json
+import gc
 import os
 import socket
 from pathlib import Path
@@ -246,6 +247,7 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
                     optimizer=lambda params: torch.optim.SGD(params, lr=0.5)).fit(lambda m=model: m, _data(200))
             results[name] = {"weights": [p.detach().tolist() for p in model.parameters()], "sizes": model.sizes}
         Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+        gc.collect()  # a DDP wrapper in a reference cycle goes before the process group (a teardown SIGABRT)
         dist.barrier()
     finally:
         dist.destroy_process_group()

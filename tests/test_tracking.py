@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import gc
 import os
 import socket
 from pathlib import Path
@@ -259,6 +260,7 @@ def _ddp_worker(rank: int, port: int, run_dir: str) -> None:
                          dist_timeout=60, callbacks=[StopOnRank0()]).fit(lambda: nn.Linear(8, 2), _data(32))
         Path(run_dir, f"logged-by-rank-{rank}.json").write_text(json.dumps(
             {"metrics": len(recorder.metrics), "status": recorder.status, "epochs": len(result.history)}))
+        gc.collect()  # a DDP wrapper in a reference cycle goes before the process group (a teardown SIGABRT)
         dist.barrier()
     finally:
         dist.destroy_process_group()

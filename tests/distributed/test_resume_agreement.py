@@ -6,6 +6,7 @@ others resumed, so DDP averaged gradients of different models and the job hung.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from pathlib import Path
@@ -51,6 +52,7 @@ def _worker(rank: int, port: int, run_dir: str, out: str) -> None:
             outcome = str(exc)
         with open(f"{out}.{rank}", "w") as file:
             file.write(outcome)
+        gc.collect()  # a DDP wrapper in a reference cycle goes before the process group (a teardown SIGABRT)
         dist.barrier()  # neither process leaves the group while the other still talks to it
     finally:
         dist.destroy_process_group()

@@ -5,6 +5,7 @@ fresh run, the folder's own for a resume (rank 0 decides, the others receive it)
 from __future__ import annotations
 
 import json
+import gc
 import os
 import socket
 from pathlib import Path
@@ -48,6 +49,7 @@ def _worker(rank: int, port: int, run_dir: str, out: str, foreign: str) -> None:
         except TrainwiseError as exc:
             seen["foreign"] = str(exc)
         Path(f"{out}.{rank}").write_text(json.dumps(seen))
+        gc.collect()  # a DDP wrapper in a reference cycle goes before the process group (a teardown SIGABRT)
         dist.barrier()
     finally:
         dist.destroy_process_group()

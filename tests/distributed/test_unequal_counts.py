@@ -1,5 +1,6 @@
 """Under DDP, processes with different numbers of samples per window still get the global-batch gradient."""
 
+import gc
 import os
 import socket
 
@@ -50,7 +51,8 @@ def _worker(rank: int, port: int, out: str) -> None:
         accumulator.step()
         if rank == 0:
             torch.save(optimizer.grads, out)
-        del model, optimizer, accumulator  # DDP's reducer goes before its process group (a teardown SIGABRT)
+        del model, optimizer, accumulator
+        gc.collect()  # a DDP wrapper in a reference cycle goes before the process group (a teardown SIGABRT)
         dist.barrier()
     finally:
         dist.destroy_process_group()
