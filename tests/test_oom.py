@@ -5,8 +5,8 @@ torch.OutOfMemoryError above a micro-batch size, as CUDA would."""
 
 from __future__ import annotations
 
-import json
 import gc
+import json
 import os
 import socket
 from pathlib import Path

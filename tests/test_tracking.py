@@ -3,9 +3,9 @@ the logger protocol for any object (hyperparameters, every metric with its step,
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
-import gc
 import os
 import socket
 from pathlib import Path

@@ -4,8 +4,8 @@ fresh run, the folder's own for a resume (rank 0 decides, the others receive it)
 
 from __future__ import annotations
 
-import json
 import gc
+import json
 import os
 import socket
 from pathlib import Path
