@@ -24,7 +24,7 @@ def _setup(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer, list]:
 def _hooked(model: nn.Module) -> bool:
     """Whether a forward of the model runs the guard's checks now: its hooks, or its wrapped forward switched on."""
     wrapper = vars(model).get("forward")
-    on = wrapper is not None and wrapper.guard._forward_on
+    on = wrapper is not None and wrapper.guard.checks_forward_now()
     return bool(model._forward_hooks or model._forward_pre_hooks or on)
 
 

@@ -134,11 +134,11 @@ def test_a_submodule_in_forwards_is_checked_when_called_directly(given):
 
 
 def test_a_call_of_a_forwards_module_inside_the_model_is_checked_once(monkeypatch):
-    from trainwise.guards.tw109_float16_without_scaler import Float16WithoutScaler
+    from trainwise.guards.tw112_batch_on_another_device import BatchOnAnotherDevice
 
     calls = []
-    original = Float16WithoutScaler.before_forward
-    monkeypatch.setattr(Float16WithoutScaler, "before_forward",
+    original = BatchOnAnotherDevice.before_forward  # looks before every checked forward on the hook path
+    monkeypatch.setattr(BatchOnAnotherDevice, "before_forward",
                         lambda self, *args: (calls.append(1), original(self, *args))[1])
     holder = _Holder()
     with tw.Guard(holder, action="record", forwards=[holder.net, holder.net[0]]):
@@ -251,3 +251,29 @@ def test_a_forward_wrapped_before_or_after_the_guard_is_kept_and_guards_unwind_i
         model.train()
         model(x)
     assert guard.findings == []
+
+
+@pytest.mark.parametrize("forward_every", [1, 8])
+def test_a_correct_step_between_samples_and_checks_calls_no_check(monkeypatch, forward_every):
+    """Every check is sampled or scheduled: on the steps between, a correct loop runs no check's code at all."""
+    from trainwise.guards.registry import check_classes
+
+    calls = []
+    events = ("before_forward", "after_forward", "after_eval_forward", "on_forward_error", "before_step",
+              "after_step", "on_check")
+    for cls in check_classes(None):
+        for event in events:
+            if event in vars(cls):
+                original = getattr(cls, event)
+
+                def spy(self, *args, _original=original, _event=event):
+                    calls.append((self.code, _event, self.guard.step))
+                    return _original(self, *args)
+
+                monkeypatch.setattr(cls, event, spy)
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with tw.guard(model, optimizer, check_every=50, forward_every=forward_every) as guard:
+        _train(model, optimizer, steps=30)
+        assert guard.findings == []
+    assert not [call for call in calls if 4 <= call[2] < 30], sorted({c[:2] for c in calls if 4 <= c[2] < 30})

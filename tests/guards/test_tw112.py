@@ -1,5 +1,6 @@
-"""TW112: a batch tensor on another device than the model fails, naming the field, before torch's error; the
-"meta" device stands in for a second device on a CPU-only machine."""
+"""TW112: a batch tensor on another device than the model fails, naming the field, in place of torch's error
+(before it, where the guard hooks rather than wraps the forward); the "meta" device stands in for a second device
+on a CPU-only machine."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ class NoNames(torch.nn.Module):
         self.lin = torch.nn.Linear(4, 1)
 
     def forward(self, *inputs: object) -> torch.Tensor:
-        return self.lin(inputs[0][0])
+        return self.lin(inputs[0][0] + inputs[0][1])
 
 
 def test_positional_and_keyword_tensors_are_named():
@@ -161,3 +162,66 @@ def test_doctor_explains_tw112(capsys):
     out = capsys.readouterr().out
     assert out.startswith("# TW112 batch-on-another-device")
     assert "trainwise.guard" in out and "## Use instead" in out
+
+
+class MovesItsInputs(torch.nn.Module):
+    """Moves what it is given to its own device, as many models' forwards do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x.to(self.lin.weight.device))
+
+
+def test_a_model_that_moves_its_inputs_itself_is_not_reported():
+    model = MovesItsInputs().to("meta")
+    optimizer, guard = _guarded(model)
+    for _ in range(3):
+        _step(model, optimizer, torch.randn(2, 4))  # CPU inputs, a meta model: it moves them
+    guard.close()
+    assert guard.findings == []
+
+
+def test_the_finding_is_caused_by_torchs_error_and_other_errors_pass_unchanged():
+    model = KwargModel()
+    _optimizer, guard = _guarded(model)
+    with pytest.raises(trainwise.guards.GuardError, match="x is on meta") as error:
+        model(torch.randn(2, 4, device="meta"))
+    assert isinstance(error.value.__cause__, RuntimeError)  # torch's own message stays in the traceback
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as shape_error:
+        model(torch.randn(2, 5))  # the wrong shape, on the right device: torch's error as it is
+    assert not isinstance(shape_error.value, trainwise.guards.GuardError)
+    guard.close()
+    assert [f.where for f in guard.findings] == ["x"]
+
+
+def test_a_batch_on_another_device_fails_on_steps_whose_forward_is_not_watched():
+    model = KwargModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with trainwise.guard(model, optimizer, checks=["TW112"], forward_every=8) as guard:
+        _step(model, optimizer, torch.randn(2, 4))  # step 0 watched; step 1 not
+        assert not guard.checks_forward_now()
+        with pytest.raises(trainwise.guards.GuardError, match="x is on meta"):
+            model(torch.randn(2, 4, device="meta"))
+
+
+def test_where_the_guard_hooks_the_forward_it_looks_before_torch():
+    class Holder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = KwargModel()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x)
+
+    holder = Holder()
+    seen = []
+    with (
+        trainwise.Guard(holder, checks=["TW112"], forwards=[holder.inner], on_finding=seen.append),
+        pytest.raises(trainwise.guards.GuardError, match="x is on meta") as error,
+    ):
+        holder.inner(torch.randn(2, 4, device="meta"))  # a submodule called directly: a hook, not the wrapper
+    assert error.value.__cause__ is None  # raised before the forward ran
+    assert [f.where for f in seen] == ["x"]

@@ -37,6 +37,19 @@ class Check:
         """After each forward of the guarded model; return a replacement output, or None to keep it."""
         return None
 
+    def on_forward_error(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], error: Exception
+    ) -> None:
+        """When the guarded model's forward raised ``error`` (only where the guard wraps ``model.forward``, see
+        ``guard.wraps_forward_call``): a check may judge the call from it, at no cost to the calls that work,
+        and raise its finding (``guard.fail``) in place of torch's message."""
+
+    def after_eval_forward(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
+        """After each forward of the guarded model in eval mode (``module.training`` False), after
+        ``after_forward``: a check about evaluation costs no call on the training forwards."""
+
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Before each ``optimizer.step()`` (``guard.step`` is the number of steps taken so far)."""
 

@@ -27,6 +27,7 @@ Action = Literal["warn", "raise", "record"]
 # Guard codes the doctor has no rule for yet, so no `trainwise doctor --explain` page: their findings point to the
 # lab only (tests/guards/test_guard_core.py fails once the doctor explains one, to take it out of this set).
 NOT_EXPLAINED: frozenset[str] = frozenset()
+_FORWARD_EVENTS = frozenset({"before_forward", "after_forward", "after_eval_forward"})
 _NEVER = sys.maxsize  # no call is due
 
 
@@ -148,6 +149,8 @@ class Guard:
         self._forward_hooks: list[tuple[Callable[..., Any], bool]] = []  # (hook, is a pre-hook)
         self._forward_handles: list[Any] = []
         self._forward_on = False
+        # what the wrapped forward calls now: something on every forward, or on eval-mode ones (see _GuardedForward)
+        self._forward_work = self._eval_work = False
         self._forward_wrapper: _GuardedForward | None = None
         self._watching = 0  # nested watching_forwards() blocks
         self._in_entry = 0  # forwards of a compiled entry running: the module inside is checked there
@@ -162,7 +165,9 @@ class Guard:
         self._in_step_pre = False
         # calls due once guard.step reaches a step: work a check does every few steps costs nothing on the others
         self._wakes: dict[int, list[Callable[[], None]]] = {}
-        self._next_wake = _NEVER
+        self._next_check = check_every  # the next step whose post-hook runs check_now
+        self._next_wake = 1  # step 0 is watched (forward_every); a first wake sets the schedule
+        self._pre_stale = False
         self.checks = [cls(self) for cls in check_classes(checks)]
         self._closed = False
         self.closing = False  # True during the last on_check (at close)
@@ -196,8 +201,14 @@ class Guard:
         else:
             muted.add(check)
         self._calls[event] = tuple(getattr(c, event) for c in self._listeners[event] if c not in muted)
-        if event == "before_step" and not self._in_step_pre:  # inside it, torch iterates the hooks: step_post does it
-            self._hook_step_pre()
+        if event in _FORWARD_EVENTS:
+            self._note_forward_work()
+        elif event == "before_step":
+            if self._in_step_pre:  # torch iterates the pre-hooks now: the step's post-hook registers or removes it
+                self._pre_stale = True
+                self._next_wake = min(self._next_wake, self.step + 1)
+            else:
+                self._hook_step_pre()
 
     def _hook_step_pre(self) -> None:
         """The optimizer's step pre-hook registered while a check listens before steps, and only then: most
@@ -212,15 +223,22 @@ class Guard:
             self._step_pre_handle = None
 
     def _install(self) -> None:
-        events = ("before_forward", "after_forward", "before_step", "after_step")
+        events = ("before_forward", "after_forward", "after_eval_forward", "before_step", "after_step")
         self._listeners = {event: [c for c in self.checks if getattr(type(c), event) is not getattr(Check, event)]
                            for event in events}
         self._muted: dict[str, set[Check]] = {event: set() for event in events}
         calls = self._calls = {event: tuple(getattr(c, event) for c in self._listeners[event]) for event in events}
-        before_forward, after_forward = calls["before_forward"], calls["after_forward"]
+        before_forward = calls["before_forward"]
+        after_forward = calls["after_forward"] or calls["after_eval_forward"]
+        model = self.model  # what the checks see, whichever wrapper's forward ran
+        # the plain case: model.forward wrapped (an instance attribute) rather than hooked, which keeps torch's
+        # hook-free call path (about 30 Python lines a forward less); the checks may read its errors there
+        self.wraps_forward_call = self._wraps_forward and not (
+            self._entries or self._forwards or self._hooks_stay or isinstance(model, torch.jit.ScriptModule))
+        self._error_checks = tuple(c for c in self.checks
+                                   if type(c).on_forward_error is not Check.on_forward_error)
         for check in self.checks:
             check.on_install()
-        model = self.model  # what the checks see, whichever wrapper's forward ran
 
         def run_pre(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             for call in calls["before_forward"]:
@@ -231,6 +249,9 @@ class Guard:
             for call in calls["after_forward"]:
                 result = call(model, args, kwargs, output if replaced is None else replaced)
                 replaced = result if result is not None else replaced
+            if not model.training:
+                for call in calls["after_eval_forward"]:
+                    call(model, args, kwargs, output if replaced is None else replaced)
             return replaced
 
         # Hooks traced by torch.compile (the user's module compiled in place, or by a wrapper the guard was not
@@ -242,6 +263,9 @@ class Guard:
             self._hooks_stay = True
             if self._forward_on:
                 run_pre(args, kwargs)
+            if self._forward_wrapper is not None:  # a traced forward raises at trace time, not in the wrapper:
+                for check in self._error_checks:   # the checks that judge errors look before it instead
+                    check.before_forward(model, args, kwargs)
 
         def traced_post(args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
             self._hooks_stay = True
@@ -270,10 +294,8 @@ class Guard:
             self._hook_inside_compiled(pre if before_forward else None, post if after_forward else None)
         if self._forwards and self._forward_hooks:
             self._hook_direct_calls(pre if before_forward else None, post if after_forward else None)
-        if self._forward_hooks and self._wraps_forward and not (self._entries or self._forwards or self._hooks_stay
-                                                                or isinstance(model, torch.jit.ScriptModule)):
-            # the plain case: model.forward wrapped (an instance attribute) rather than hooked, which keeps
-            # torch's hook-free call path (about 30 Python lines a forward less); switched by _forward_on
+        if self.wraps_forward_call and (self._forward_hooks or self._error_checks):
+            # switched by _forward_on; it reads the forward's errors whether on or not
             self._forward_wrapper = _GuardedForward(self, model, calls, eager_pre, eager_post)
             vars(model)["forward"] = self._forward_wrapper
         self._set_forward_hooks(True)  # step 0 is always watched
@@ -289,21 +311,13 @@ class Guard:
                     self._in_step_pre = False
 
             def step_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+                # what is due on some steps only (a check's call, the forward_every switch, the periodic checks,
+                # a listen made inside the pre-hook) is due at _next_wake: the other steps run these four lines
                 self.step += 1
-                # no forward runs between steps (one interrupted by Ctrl-C left it counted)
-                self._in_entry = self._depth = 0
-                if (self._step_pre_handle is None) == bool(calls["before_step"]):  # a listen inside the pre-hook
-                    self._hook_step_pre()
                 for call in calls["after_step"]:
                     call(optimizer)
                 if self.step >= self._next_wake:
                     self._wake()
-                if self.forward_every > 1 and not self._watching:
-                    due = self.step % self.forward_every == 0
-                    if due != self._forward_on:
-                        self._set_forward_hooks(due)
-                if self.step % self.check_every == 0:
-                    self.check_now()
 
             self._step_pre = step_pre
             self._hook_step_pre()
@@ -317,10 +331,31 @@ class Guard:
         self._next_wake = min(self._next_wake, step)
 
     def _wake(self) -> None:
-        for step in sorted(s for s in self._wakes if s <= self.step):
-            for call in self._wakes.pop(step):
+        step = self.step
+        # no forward runs between steps (one interrupted by Ctrl-C left it counted)
+        self._in_entry = self._depth = 0
+        if self._pre_stale:  # a check listened or stopped listening before steps inside the pre-hook
+            self._pre_stale = False
+            self._hook_step_pre()
+        for due in sorted(s for s in self._wakes if s <= step):
+            for call in self._wakes.pop(due):
                 call()
-        self._next_wake = min(self._wakes, default=_NEVER)
+        # forward_every: hooks added and removed here; a wrapped forward reads the schedule itself (no wakes)
+        every = self.forward_every if self._forward_wrapper is None else 1
+        if every > 1 and not self._watching:
+            on = step % every == 0
+            if on != self._forward_on:
+                self._set_forward_hooks(on)
+        if step >= self._next_check:  # at a multiple of check_every (guard.step may have been set forward)
+            self._next_check = step - step % self.check_every + self.check_every
+            if step % self.check_every == 0:
+                self.check_now()
+        wake = min(min(self._wakes, default=_NEVER), self._next_check)
+        if every > 1:  # the step that starts the next forward_every period, or the one after it
+            wake = min(wake, step + 1 if step % every == 0 else step - step % every + every)
+        if self._entries or self._forwards:  # forwards counted: reset after every step
+            wake = step + 1
+        self._next_wake = wake
 
     def _hook_inside_compiled(self, pre: Callable[..., None] | None, post: Callable[..., Any] | None) -> None:
         """With compiled entries: hooks that stay on the user's module until ``close`` (a compiled graph keeps the
@@ -382,10 +417,23 @@ class Guard:
     def _leave_entry(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._in_entry -= 1
 
+    def checks_forward_now(self) -> bool:
+        """Whether a forward of the model runs the forward checks now (``forward_every``, ``watching_forwards``)."""
+        if not self._forward_on:
+            return False
+        every = self.forward_every
+        return self._forward_wrapper is None or every == 1 or bool(self._watching) or self.step % every == 0
+
+    def _note_forward_work(self) -> None:
+        calls, on = self._calls, self._forward_on
+        self._forward_work = on and bool(calls["before_forward"] or calls["after_forward"])
+        self._eval_work = on and bool(calls["after_eval_forward"])
+
     def _set_forward_hooks(self, on: bool) -> None:
         if on == self._forward_on or (on and self._closed):
             return
         self._forward_on = on
+        self._note_forward_work()
         if self._forward_wrapper is not None:
             return  # the wrapper stays until close, switched by _forward_on
         if self._hooks_stay and self._forward_handles:
@@ -412,7 +460,7 @@ class Guard:
             yield
         finally:
             self._watching -= 1
-            if not self._watching and self.forward_every > 1:
+            if not self._watching and self.forward_every > 1 and self._forward_wrapper is None:
                 self._set_forward_hooks(self.step % self.forward_every == 0)
 
     # -- findings ------------------------------------------------------------------------------------
@@ -458,7 +506,7 @@ class Guard:
             if check:
                 self.check_now()
         finally:
-            self._forward_on = False
+            self._forward_on = self._forward_work = self._eval_work = False
             self._remove_forward_hooks()
             if self._forward_wrapper is not None:
                 self._forward_wrapper.remove()
@@ -506,8 +554,14 @@ class _GuardedForward:
         self.eager_pre, self.eager_post = eager_pre, eager_post
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.guard._forward_on:
-            return self.original(*args, **kwargs)
+        guard = self.guard
+        if (not guard._forward_work and (self.model.training or not guard._eval_work)) or (  # no check to call
+                guard.forward_every > 1 and guard.step % guard.forward_every and not guard._watching):
+            try:
+                return self.original(*args, **kwargs)
+            except Exception as error:
+                self.failed(args, kwargs, error)
+                raise
         if torch.compiler.is_compiling():  # traced by torch.compile: the checks run eagerly (a graph break each)
             self.eager_pre(args, kwargs)
             output = self.original(*args, **kwargs)
@@ -516,12 +570,33 @@ class _GuardedForward:
         model, calls = self.model, self.calls
         for call in calls["before_forward"]:
             call(model, args, kwargs)
-        output = self.original(*args, **kwargs)
+        try:
+            output = self.original(*args, **kwargs)
+        except Exception as error:
+            self.failed(args, kwargs, error)
+            raise
         replaced = None
         for call in calls["after_forward"]:
             result = call(model, args, kwargs, output if replaced is None else replaced)
             replaced = result if result is not None else replaced
+        if not model.training:
+            for call in calls["after_eval_forward"]:
+                call(model, args, kwargs, output if replaced is None else replaced)
         return output if replaced is None else replaced
+
+    def failed(self, args: tuple[Any, ...], kwargs: dict[str, Any], error: Exception) -> None:
+        """The forward raised ``error``: the checks that judge errors see it, and their finding (a
+        :class:`GuardError`) replaces it, caused by it; otherwise the caller re-raises ``error`` as it was."""
+        guard = self.guard
+        if guard._closed:
+            return
+        try:
+            for check in guard._error_checks:
+                check.on_forward_error(self.model, args, kwargs, error)
+        except GuardError as finding:
+            raise finding from error
+        except Exception:  # a check that cannot judge this call: the user's own error is what matters
+            return
 
     def remove(self) -> None:
         """Put back the forward there before, unless another wrapper was set over this one since."""

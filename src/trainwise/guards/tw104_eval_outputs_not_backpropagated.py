@@ -3,7 +3,8 @@
 Each such forward's output gets a token, a pre-hook on its ``grad_fn`` that the node owns: the token marks a
 backward pass going through the output, and dies with the graph. Seen at the next forward (and at each
 check): a graph freed without a backward, or one still alive and untouched after an optimizer step or when
-the guard closes, recorded activations for nothing; the evaluation wanted ``torch.no_grad()``.
+the guard closes, recorded activations for nothing; the evaluation wanted ``torch.no_grad()``. Training
+forwards call nothing here while no tagged output waits for its verdict.
 """
 
 from __future__ import annotations
@@ -85,19 +86,26 @@ class EvalOutputsNotBackpropagated(Check):
     def _on_freed(self, ref: Any) -> None:
         self._freed = True
 
+    def on_install(self) -> None:
+        self.guard.listen(self, "after_forward", False)  # only while tagged outputs wait for their verdict
+
     def after_forward(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> None:
-        if self._done:
-            return None
         if self._pending and (self._freed or self._swept_at != self.guard.step):
             self._sweep(final=False)  # only when a verdict may have changed: a graph freed, or a step taken
-        if module.training or not torch.is_grad_enabled() or len(self._pending) >= _MAX_PENDING:
-            return None
+        return None
+
+    def after_eval_forward(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
+        if self._done or not torch.is_grad_enabled() or len(self._pending) >= _MAX_PENDING:
+            return
         tagged = attach_token(output, self.guard.step, self._on_freed)
         if tagged is not None:
+            if not self._pending:
+                self.guard.listen(self, "after_forward", True)
             self._pending.append(tagged)
-        return None
 
     def on_check(self) -> None:
         if self._pending and not self._done:
@@ -119,8 +127,11 @@ class EvalOutputsNotBackpropagated(Check):
             elif wasted is None:
                 wasted = seen
         self._pending = waiting
+        if not waiting:
+            self.guard.listen(self, "after_forward", False)
         if wasted is not None:
             self._done = True  # reported once: stop tagging
+            self.guard.listen(self, "after_eval_forward", False)
             self.close()
             self.guard.report(
                 self.code, _WHERE,

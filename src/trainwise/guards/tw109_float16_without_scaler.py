@@ -11,6 +11,7 @@ from trainwise.guards.check import Check
 
 _DEVICE_TYPES = ("cuda", "cpu")
 _MAX_DEPTH = 16  # frames searched above the step hook: scaler.step -> _maybe_opt_step -> optimizer wrappers
+_SAMPLE = 32  # one optimizer step in 32 is looked at: TW102's period, so both wake on the same steps
 
 
 def called_from_grad_scaler() -> bool:
@@ -43,15 +44,37 @@ def _float16_autocast() -> bool:
 
 
 class Float16WithoutScaler(Check):
-    """A step whose gradients came through a float16 autocast forward, not taken by ``GradScaler.step``:
-    the forward notes autocast's dtype (two C calls), the step looks for a scaler on the stack only then."""
+    """A step whose gradients came through a float16 autocast forward, not taken by ``GradScaler.step``.
+
+    Only the steps TW102 samples are looked at (steps 0, 32, 64...: the same wakes): a loop that runs float16
+    without a scaler does it every step. On those, each training forward notes autocast's dtype (two C calls),
+    and the step looks for a scaler on the stack only after a float16 one; nothing runs on the other steps,
+    not even for a correct float16 loop with its scaler."""
 
     code = "TW109"
 
     def on_install(self) -> None:
-        self._fp16 = False  # the last forward with grad enabled ran under float16 autocast
+        self._fp16 = False  # the last forward with grad enabled on this sampled step ran under float16 autocast
         self._done = False
-        self.guard.listen(self, "before_step", False)  # called at a step only after a float16 forward
+        self.guard.listen(self, "before_step", False)  # called at a sampled step only after a float16 forward
+        if self.guard.optimizer is None:  # no steps to judge
+            self.guard.listen(self, "before_forward", False)
+            return
+        self._sample(first=True)
+
+    def _sample(self, *, first: bool = False) -> None:
+        if self._done:
+            return
+        if not first:
+            self.guard.listen(self, "before_forward", True)
+        step = self.guard.step
+        self.guard.at_step(step + 1, self._stop)
+        self.guard.at_step(step + _SAMPLE, self._sample)
+
+    def _stop(self) -> None:
+        self._fp16 = False
+        self.guard.listen(self, "before_forward", False)
+        self.guard.listen(self, "before_step", False)
 
     def before_forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if torch.is_grad_enabled():  # evaluation under no_grad does not decide what the step applies

@@ -1,4 +1,4 @@
-"""TW112: a batch tensor on another device than the model's parameters, said before torch's own error."""
+"""TW112: a batch tensor on another device than the model's parameters, said in place of torch's own error."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ class BatchOnAnotherDevice(Check):
     """A tensor argument of the model's forward (or one inside tuples, lists and dicts) on another device than
     the model's first parameter: fails with the field's name (``batch["attention_mask"]``) and the fix.
 
-    Per forward it reads the first parameter's device and each tensor's; what looks wrong is confirmed against
+    Where the guard wraps ``model.forward`` (the plain case) it judges only a forward that raised: no cost on
+    the calls that work, and no report for a model that moves its inputs itself. Elsewhere (hooks: a compiled
+    model, ``forwards=``, the AutoGuard) it looks before each checked forward, since a hook cannot see the
+    error. It reads the first parameter's device and each tensor's; what looks wrong is confirmed against
     every parameter's device (a model split over devices takes inputs on any of them). CPU scalars (0-dim)
     mix with any device in torch and pass, as do CPU integer tensors whose name says they hold lengths
     (``pack_padded_sequence`` wants those on the CPU).
@@ -35,6 +38,13 @@ class BatchOnAnotherDevice(Check):
             ]
         except (TypeError, ValueError):
             self._names = []
+        if self.guard.wraps_forward_call:
+            self.guard.listen(self, "before_forward", False)  # judged from the forward's error instead
+
+    def on_forward_error(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], error: Exception
+    ) -> None:
+        self.before_forward(module, args, kwargs)
 
     def _refresh(self) -> None:
         """Cache the first parameter (with the module and key that hold it), its device and every device."""
