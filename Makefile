@@ -34,6 +34,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/step_work.py
 	$(BIN)/python benchmarks/epoch_end.py
+	$(BIN)/python benchmarks/trainer_costs.py
+	$(BIN)/python benchmarks/run_overhead.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
