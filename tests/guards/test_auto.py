@@ -197,3 +197,35 @@ def test_two_optimizers_of_one_model_both_guarded_without_a_false_coverage_findi
     finally:
         auto.close()
     assert [(f.code, f.finding.where, f.place.line) for f in auto.findings] == [("TW105", "SGD", 12)]
+
+
+@pytest.mark.slow
+def test_the_global_hooks_add_no_graph_and_no_break_to_a_compiled_model():
+    """The global hooks are traced inside a compiled region: they must return before reading any state of theirs
+    (a nested call that read which root runs made dynamo fail on the module it found there)."""
+    from torch._dynamo.utils import counters
+
+    def train() -> tuple[float, dict, dict]:
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+        compiled = torch.compile(model, backend="eager")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+        for _ in range(4):
+            optimizer.zero_grad()
+            F.cross_entropy(compiled(x), y).backward()
+            optimizer.step()
+        with torch.no_grad():
+            compiled(x)
+        return F.cross_entropy(model(x), y).item(), dict(counters["stats"]), dict(counters["graph_break"])
+
+    plain = train()
+    auto = AutoGuard().install()
+    try:
+        guarded = train()
+    finally:
+        auto.close()
+    assert guarded == plain and not guarded[2]
+    assert auto.findings == []
