@@ -19,6 +19,7 @@ final loss (the guards change no number); the script fails otherwise.
 
     python benchmarks/run_overhead.py                    # 7 rounds, 300 steps
     python benchmarks/run_overhead.py --repeats 11 --steps 1000 --json
+    python benchmarks/run_overhead.py --layers 24      # 73 small modules: the global hooks on every call
 
 Nothing here asserts a time: the numbers mean something only as ratios within one run, on one machine.
 """
@@ -47,8 +48,12 @@ from torch.nn import functional as F
 
 torch.set_num_threads(1)  # one thread: steadier when other processes share the cores
 torch.manual_seed(0)
-steps = int(sys.argv[1])
-model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+steps, layers = int(sys.argv[1]), int(sys.argv[2])
+if layers:  # many small modules: what torch's global hooks cost on every module call shows
+    blocks = [m for _ in range(layers) for m in (nn.Linear(64, 64), nn.LayerNorm(64), nn.GELU())]
+    model = nn.Sequential(*blocks, nn.Linear(64, 10))
+else:
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 x, y = torch.randn(steps + 1, 64, 64), torch.randint(0, 10, (steps + 1, 64))
 
@@ -76,11 +81,11 @@ SIDES = {
 }
 
 
-def measure(command: list[str], cwd: str, steps: int) -> dict[str, float | str]:
+def measure(command: list[str], cwd: str, steps: int, layers: int = 0) -> dict[str, float | str]:
     """One fresh process: wall time, the child's CPU time, the script's loop time and last loss."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([*command, str(steps)], cwd=cwd, capture_output=True, text=True, check=False)
+    proc = subprocess.run([*command, str(steps), str(layers)], cwd=cwd, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
@@ -100,6 +105,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=7, help="rounds (each side once per round)")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps of the script")
+    parser.add_argument("--layers", type=int, default=0,
+                        help="a model of this many Linear-LayerNorm-GELU blocks instead of the 3-layer MLP")
     parser.add_argument("--seed", type=int, default=0, help="seed of the order of the sides within rounds")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
@@ -108,12 +115,12 @@ def main() -> None:
         Path(folder, "train.py").write_text(SCRIPT)
         env_note = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
         for side in SIDES:  # one untimed run each: the file caches warm for every side alike
-            measure(SIDES[side], folder, 5)
+            measure(SIDES[side], folder, 5, args.layers)
         rounds: list[dict[str, dict]] = []
         for _ in range(args.repeats):
             sides = list(SIDES)
             order.shuffle(sides)
-            rounds.append({side: measure(SIDES[side], folder, args.steps) for side in sides})
+            rounds.append({side: measure(SIDES[side], folder, args.steps, args.layers) for side in sides})
     losses = {side: {r[side]["loss"] for r in rounds} for side in SIDES}
     if len(set().union(*losses.values())) != 1:
         raise SystemExit(f"the sides ended with different losses: {losses}")

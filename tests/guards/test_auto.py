@@ -229,3 +229,74 @@ def test_the_global_hooks_add_no_graph_and_no_break_to_a_compiled_model():
         auto.close()
     assert guarded == plain and not guarded[2]
     assert auto.findings == []
+
+
+class _Probe(nn.Module):
+    """Records how many global forward hooks torch holds while it runs (inside the model's forward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(len(module_hooks._global_forward_pre_hooks) + len(module_hooks._global_forward_hooks))
+        return x
+
+
+def test_the_global_hooks_step_aside_while_a_guarded_models_forward_runs():
+    """Inside a guarded root's forward torch holds none of the global hooks, so every submodule call takes
+    torch's direct path; between forwards they are back to find new models."""
+    before = len(module_hooks._global_forward_pre_hooks) + len(module_hooks._global_forward_hooks)
+    auto = AutoGuard().install()
+    try:
+        probe = _Probe()
+        model = nn.Sequential(nn.Linear(3, 4), probe, nn.Linear(4, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            _step(model, optimizer)
+        between = len(module_hooks._global_forward_pre_hooks) + len(module_hooks._global_forward_hooks)
+        second = nn.Linear(3, 2)  # a new model called at the top between the first one's forwards: found
+        second_optimizer = torch.optim.SGD(second.parameters(), lr=0.1)
+        _step(second, second_optimizer, zero=False)
+        _step(second, second_optimizer, zero=False)
+        roots = [r.model() for r in auto._roots]
+    finally:
+        auto.close()
+    assert probe.seen == [before] * 3 and between == before + 2
+    assert roots == [model, second]
+    assert [f.code for f in auto.findings] == ["TW105"]  # the second model's, never zeroed
+
+
+class _Interrupted(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.stop = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stop:
+            raise KeyboardInterrupt  # Ctrl-C inside the forward: torch calls no forward hook after it
+        return self.lin(x)
+
+
+def test_a_forward_left_by_ctrl_c_does_not_stop_the_finding_of_new_models():
+    before = len(module_hooks._global_forward_pre_hooks) + len(module_hooks._global_forward_hooks)
+    auto = AutoGuard().install()
+    try:
+        model = _Interrupted()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        _step(model, optimizer)
+        model.stop = True
+        with pytest.raises(KeyboardInterrupt):
+            model(torch.randn(4, 3))
+        model.stop = False
+        _step(model, optimizer)  # the script goes on (it caught the interrupt): the step puts the hooks back
+        assert len(module_hooks._global_forward_pre_hooks) + len(module_hooks._global_forward_hooks) == before + 2
+        second = nn.Linear(3, 2)
+        second_optimizer = torch.optim.SGD(second.parameters(), lr=0.1)
+        _step(second, second_optimizer)
+        roots = [r.model() for r in auto._roots]
+    finally:
+        auto.close()
+    assert roots == [model, second]
+    assert len(module_hooks._global_forward_pre_hooks) + len(module_hooks._global_forward_hooks) == before

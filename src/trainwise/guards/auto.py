@@ -126,6 +126,12 @@ class _Root:
         self.forward_place = place
         self.step_place: Place | None = None
         self.eval_place: Place | None = None  # its first forward in eval mode with autograd on
+        self.own_hooks: list[Any] = []  # its pre- and forward hook counting its own calls (AutoGuard's)
+
+    def remove_own_hooks(self) -> None:
+        for handle in self.own_hooks:
+            handle.remove()
+        self.own_hooks = []
 
     def live_guards(self) -> list[Guard]:
         return [g for ref in self.guards if (g := ref()) is not None]
@@ -166,7 +172,10 @@ class AutoGuard:
         self._stepped: dict[int, weakref.ref[Any]] = {}  # the optimizers that have stepped
         self._skip: dict[str, bool] = {}  # file name -> not the user's
         self._handles: list[Any] = []
-        self._running: list[Any] = [None, 0]  # the root module whose forward runs, its re-entries
+        # the root module whose forward runs, its re-entries seen by the global hooks, and its depth counted by
+        # its own hooks (a guarded root's: the global hooks step aside while it runs)
+        self._running: list[Any] = [None, 0, 0]
+        self._resume: Callable[[], None] = lambda: None
 
     # -- hooks ---------------------------------------------------------------------------------------
 
@@ -189,9 +198,12 @@ class AutoGuard:
             entry = known.get(id(module))
             if entry is None or entry[0]() is not module:
                 self._discover(module, args)
+                entry = known.get(id(module))
             elif (not module.training and entry[1] is not None and entry[1].eval_place is None
                   and torch.is_grad_enabled()):  # the first evaluation with autograd on: where TW104 happens
                 entry[1].eval_place = self._place()
+            if entry is not None and entry[1] is not None and entry[1].own_hooks:
+                suspend()  # a guarded root counts its own forward: no global hook on its submodules' calls
             return None
 
         def post(module: nn.Module, args: Any, output: Any) -> None:
@@ -204,11 +216,48 @@ class AutoGuard:
                     running[0] = None
             return None
 
+        def own_pre(module: nn.Module, args: tuple[Any, ...]) -> None:
+            if not compiling() and module is running[0]:
+                running[2] += 1
+
+        def own_post(module: nn.Module, args: Any, output: Any) -> None:
+            if not compiling() and module is running[0]:
+                running[2] -= 1
+                if running[2] <= 0:
+                    end_root()
+
+        self._own_hooks = (own_pre, own_post)
+        pre_hooks = nn.modules.module._global_forward_pre_hooks
+        post_hooks = nn.modules.module._global_forward_hooks
+        always_called = nn.modules.module._global_forward_hooks_always_called
+        suspended = [False]
+
+        def suspend() -> None:
+            """The global hooks out of torch's dicts: with none left, torch calls a module's forward directly."""
+            pre_id, post_id = self._handles[0].id, self._handles[1].id
+            pre_hooks.pop(pre_id, None)
+            post_hooks.pop(post_id, None)
+            always_called.pop(post_id, None)
+            suspended[0] = True
+
+        def resume() -> None:
+            if suspended[0] and self._handles:
+                pre_id, post_id = self._handles[0].id, self._handles[1].id
+                pre_hooks[pre_id], post_hooks[post_id], always_called[post_id] = pre, post, True
+            suspended[0] = False
+
+        def end_root() -> None:
+            running[0], running[1], running[2] = None, 0, 0
+            resume()
+
+        self._resume = resume
         stepped = self._stepped
 
         def step_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             if compiling():
                 return None
+            if running[0] is not None and running[2]:  # a root's forward left by Ctrl-C, its hooks skipped
+                end_root()
             ref = stepped.get(id(optimizer))
             if ref is None or ref() is not optimizer:
                 self._new_optimizer(optimizer)
@@ -226,9 +275,12 @@ class AutoGuard:
 
     def close(self) -> None:
         """Run every guard's last checks, remove every hook; the findings stay in ``findings``."""
+        self._resume()
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        for root in self._roots:
+            root.remove_own_hooks()
         warnings.filters[:] = [f for f in warnings.filters if f[1] is None or f[1].pattern != _COMPILE_WARNING]
         for root in self._roots:
             for guard in reversed(root.live_guards()):  # the last installed first: zero_grad spies unwind
@@ -267,6 +319,7 @@ class AutoGuard:
                 optimizers += [o for ref in root.optimizers if (o := ref()) is not None]
                 for guard in reversed(root.live_guards()):
                     guard.close(check=False)
+                root.remove_own_hooks()
                 self._roots.remove(root)
         place = self._place()
         self._find_optimizers()
@@ -286,6 +339,9 @@ class AutoGuard:
         self._attach(root, module, optimizers[0] if optimizers else None, codes)
         for optimizer in optimizers[1:]:
             self._attach(root, module, optimizer, self.step_codes)
+        own_pre, own_post = self._own_hooks
+        root.own_hooks = [module.register_forward_pre_hook(own_pre),
+                          module.register_forward_hook(own_post, always_call=True)]
         # hooks registered now run from this call's forward hook on, not its pre-hooks: run those for it
         for key in [k for k in module._forward_pre_hooks if k not in before]:
             hook = module._forward_pre_hooks[key]
