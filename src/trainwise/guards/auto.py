@@ -5,8 +5,11 @@ A module called while no other module's forward runs is a root model. The first 
 :class:`~trainwise.guards.core.Guard` is attached to it, paired with the optimizer that holds its parameters (one
 found in the calling frames, or the first to step). Every check is the guard's own: this module only finds the
 objects and says where in the user's code each finding happened (the innermost frame outside torch and trainwise).
-A nested module call costs one global pre-hook and one global forward hook that return at once; an optimizer
-already seen costs one dictionary look-up per step.
+While a guarded root's forward runs, the global forward hooks are out of torch's hook tables (the root's own
+hooks count its calls and put them back when it returns), so its submodules' calls cost nothing; a nested call
+of an unguarded root costs one global pre-hook and one global forward hook that return at once. An optimizer
+already seen costs one dictionary look-up per step. A forward left by an exception that is not an
+``Exception`` (Ctrl-C), after which torch calls no forward hook, is ended at the next optimizer step.
 """
 
 from __future__ import annotations
