@@ -151,3 +151,23 @@ def test_an_evaluation_with_autograd_in_a_callback_is_reported(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.1), nn.Linear(8, 3))
     assert [code for code, _ in _fit(tmp_path, model, [_EvaluatesWithAutograd(torch.randn(2, 4))])] == ["TW104"]
+
+
+@pytest.mark.slow
+def test_a_model_compiled_after_the_guard_is_not_recompiled_by_the_schedule():
+    """The wrapped forward traced by torch.compile never reads the step count in traced code (dynamo would
+    specialise on it and recompile every step): at most the two variants, with and without checks to call."""
+    from torch._dynamo.utils import counters
+
+    model, optimizer, data = _setup()
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = None
+    with tw.guard(model, optimizer, forward_every=8, action="record") as guard:
+        compiled = torch.compile(model, backend="eager")
+        for _ in range(4):
+            for x, y in data:  # 48 steps, gradients never zeroed
+                nn.functional.cross_entropy(compiled(x), y).backward()
+                optimizer.step()
+    assert counters["stats"]["unique_graphs"] <= 2
+    assert [f.code for f in guard.findings] == ["TW105"]

@@ -261,7 +261,7 @@ class Guard:
         # torch.compiler.disable: importing torch._dynamo costs a second, and only a compiled run needs it.
         def traced_pre(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             self._hooks_stay = True
-            if self._forward_on:
+            if self.checks_forward_now():
                 run_pre(args, kwargs)
             if self._forward_wrapper is not None:  # a traced forward raises at trace time, not in the wrapper:
                 for check in self._error_checks:   # the checks that judge errors look before it instead
@@ -269,7 +269,7 @@ class Guard:
 
         def traced_post(args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
             self._hooks_stay = True
-            return run_post(args, kwargs, output) if self._forward_on else None
+            return run_post(args, kwargs, output) if self.checks_forward_now() else None
 
         eager_pre, eager_post = torch._disable_dynamo(traced_pre), torch._disable_dynamo(traced_post)
 
@@ -555,18 +555,15 @@ class _GuardedForward:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         guard = self.guard
-        if (not guard._forward_work and (self.model.training or not guard._eval_work)) or (  # no check to call
-                guard.forward_every > 1 and guard.step % guard.forward_every and not guard._watching):
-            try:
-                return self.original(*args, **kwargs)
-            except Exception as error:
-                self.failed(args, kwargs, error)
-                raise
-        if torch.compiler.is_compiling():  # traced by torch.compile: the checks run eagerly (a graph break each)
-            self.eager_pre(args, kwargs)
-            output = self.original(*args, **kwargs)
+        if not guard._forward_work and (self.model.training or not guard._eval_work):  # no check to call
+            return self._plain(args, kwargs)
+        if torch.compiler.is_compiling():  # traced by torch.compile: the checks run eagerly (a graph break each),
+            self.eager_pre(args, kwargs)   # where they read the forward_every schedule (the step count is not
+            output = self.original(*args, **kwargs)  # read in traced code: dynamo would recompile every step)
             replaced = self.eager_post(args, kwargs, output)
             return output if replaced is None else replaced
+        if guard.forward_every > 1 and guard.step % guard.forward_every and not guard._watching:
+            return self._plain(args, kwargs)  # a step forward_every leaves unwatched
         model, calls = self.model, self.calls
         for call in calls["before_forward"]:
             call(model, args, kwargs)
@@ -583,6 +580,13 @@ class _GuardedForward:
             for call in calls["after_eval_forward"]:
                 call(model, args, kwargs, output if replaced is None else replaced)
         return output if replaced is None else replaced
+
+    def _plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return self.original(*args, **kwargs)
+        except Exception as error:
+            self.failed(args, kwargs, error)
+            raise
 
     def failed(self, args: tuple[Any, ...], kwargs: dict[str, Any], error: Exception) -> None:
         """The forward raised ``error``: the checks that judge errors see it, and their finding (a
