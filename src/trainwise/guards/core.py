@@ -481,7 +481,7 @@ class Guard:
 
     def fail(self, code: str, where: str, message: str) -> None:
         """Record a finding and raise it as a :class:`GuardError` whatever ``action`` is: for a mistake that
-        would fail anyway (a batch on another device), said before torch's own message."""
+        would fail anyway (a batch on another device), said in place of torch's own message."""
         finding = GuardFinding(code=code, step=self.step, where=where, message=message)
         if (code, where) not in self._reported:
             self._reported.add((code, where))

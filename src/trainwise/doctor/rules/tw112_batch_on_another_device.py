@@ -12,9 +12,12 @@ class BatchOnAnotherDevice(Rule):
 
     ## What it does
     This rule has no static check: `trainwise.guard(model, optimizer)` (and the Trainer) finds it at run
-    time. Before each forward of the guarded model it compares the device of every tensor argument, and of
+    time. When the guarded model's forward fails, it compares the device of every tensor argument, and of
     tensors inside tuples, lists and dicts, with the device of the model's parameters, and raises a
-    `trainwise.guards.GuardError` naming the field (`x`, `batch["attention_mask"]`) before torch's own error.
+    `trainwise.guards.GuardError` naming the field (`x`, `batch["attention_mask"]`) in place of torch's own
+    error, which it is raised from (a forward that works costs nothing, and a model that moves its inputs
+    itself is fine). Where the guard hooks the forward instead of wrapping it (a compiled model, `forwards=`,
+    `trainwise run`) it compares before each checked forward.
 
     ## Why is this bad?
     torch cannot compute with tensors on two devices: the forward fails with an error deep inside a layer
