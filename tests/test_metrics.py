@@ -1,5 +1,6 @@
 """Metrics are sums and counts of samples: accuracy = correct / samples seen, never / batches."""
 
+import functools
 import math
 
 import pytest
@@ -159,3 +160,65 @@ def test_update_loss_weights_a_mean_loss_by_its_count_whatever_its_form(loss, co
     metric.update_loss(None, 3)  # no counted item: nothing added
     assert metric.compute() == pytest.approx((1.0 * 4 + 0.25 * 4) / 8)
     assert not metric.state.requires_grad
+
+
+def _dispatched(fn) -> list[str]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    names: list[str] = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return names
+
+
+@pytest.mark.parametrize("shape", [(16,), (4, 6), ()])
+def test_accuracy_update_is_four_kernels_and_exact_with_ignored_targets(shape):
+    # each kernel is a few microseconds of a CPU training step: argmax, one comparison, one sum, one add
+    torch.manual_seed(0)
+    acc, logits_seen, targets_seen = Accuracy(), [], []
+    for step in range(5):
+        logits = torch.randn(*shape, 5, requires_grad=True)
+        targets = torch.randint(0, 5, shape)
+        if targets.dim():
+            targets.view(-1)[step % targets.numel()] = -100
+        ops = _dispatched(functools.partial(acc.update, logits, targets))
+        if step:  # the first call also makes its buffers
+            assert sorted(ops) == (["add_", "argmax", "eq"] if shape == () else ["add_", "argmax", "eq", "sum"])
+        logits_seen.append(logits.detach().reshape(-1, 5))
+        targets_seen.append(targets.reshape(-1))
+    logits, targets = torch.cat(logits_seen), torch.cat(targets_seen)
+    kept = targets != -100
+    expected = ((logits.argmax(-1) == targets) & kept).sum().item() / kept.sum().item()
+    assert acc.compute() == pytest.approx(expected, abs=1e-12)
+
+
+def test_accuracy_counts_between_reads_survive_snapshot_state_dict_and_inference_mode():
+    torch.manual_seed(1)
+    logits, targets = torch.randn(8, 3), torch.tensor([0, 1, 2, -100, 0, 1, 2, 0])
+    reference = Accuracy()
+    reference.update(logits, targets)
+    with torch.inference_mode():  # buffers first made under inference mode are still written after it
+        acc = Accuracy()
+        acc.update(logits, targets)
+    snapshot = acc.snapshot()
+    acc.update(logits, targets)
+    acc.restore(snapshot)  # the update after the snapshot is undone
+    assert acc.compute() == reference.compute()
+    acc.update(logits, targets)
+    loaded = Accuracy()
+    loaded.load_state_dict(acc.state_dict())
+    assert loaded.compute() == acc.compute() == reference.compute()
+    acc.reset()
+    assert math.isnan(acc.compute())
+
+
+def test_accuracy_with_an_ignore_index_that_is_a_class_masks_it():
+    acc = Accuracy(ignore_index=1)
+    acc.update(torch.tensor([[0.0, 5.0], [5.0, 0.0], [5.0, 0.0]]), torch.tensor([1, 0, 1]))
+    assert acc.compute() == 1.0  # the one non-ignored target, predicted right; the predicted 1s are not counted

@@ -129,6 +129,10 @@ class Accuracy(Metric):
     def __init__(self, device: torch.device | str = "cpu", *, ignore_index: int | None = -100) -> None:
         super().__init__(device)
         self.ignore_index = ignore_index
+        # for targets of one shape: [predictions; ignore_index], its prediction row (a view made once) and the
+        # dimensions to sum over
+        self._rows: tuple[torch.Size, torch.device, torch.Tensor, torch.Tensor, tuple[int, ...]] | None = None
+        self._pending: torch.Tensor | None = None  # [correct, ignored] counted since the last fold (int64)
 
     def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
         """``logits`` of shape (..., classes) and integer ``targets`` of shape (...)."""
@@ -137,19 +141,56 @@ class Accuracy(Metric):
                 f"Accuracy needs logits of shape (..., classes) and targets of shape (...); got "
                 f"{tuple(logits.shape)} and {tuple(targets.shape)}."
             )
-        correct = logits.argmax(dim=-1) == targets  # argmax records no graph: nothing to detach
         ignore = self.ignore_index
-        if ignore is not None:
-            keep = targets != ignore
-            if 0 <= ignore < logits.shape[-1]:
-                # a class index can be predicted, so ignored positions must be masked out of the correct ones
-                correct = correct & keep
-            # else argmax never equals a negative or out-of-range index: ignored positions are never "correct"
-            both = torch.stack((correct, keep))
-            self.state.add_((both if both.dim() == 2 else both.reshape(2, -1)).sum(dim=1))  # both counts at once
-        else:
-            self._total.add_(correct.sum())
+        if ignore is None:
+            self._total.add_((logits.argmax(dim=-1) == targets).sum())  # argmax records no graph
             self._host_count += targets.numel()
+        elif ignore < 0 or ignore >= logits.shape[-1]:
+            # the ignored index is never predicted: one comparison of [predictions; ignore_index] with the targets
+            # counts the correct and the ignored positions at once (four kernels a step); the items counted are
+            # the targets less the ignored ones, folded in when read
+            rows = self._rows
+            if rows is None or rows[0] != targets.shape or rows[1] != targets.device:
+                rows = self._rows = self._make_rows(targets)
+            torch.argmax(logits, dim=-1, out=rows[3])
+            hits = rows[2] == targets
+            pending = self._pending if self._pending is not None else self._new_pending()
+            pending.add_(hits.sum(dim=rows[4]) if rows[4] else hits)
+            self._host_count += targets.numel()
+        else:  # a class index can be predicted: ignored positions are masked out of the correct ones
+            keep = targets != ignore
+            both = torch.stack(((logits.argmax(dim=-1) == targets) & keep, keep))
+            self.state.add_((both if both.dim() == 2 else both.reshape(2, -1)).sum(dim=1))
+
+    def _make_rows(self, targets: torch.Tensor) -> tuple[torch.Size, torch.device, torch.Tensor, torch.Tensor,
+                                                          tuple[int, ...]]:
+        with torch.inference_mode(False):  # made in evaluation too, written in training after it
+            rows = torch.full((2, *targets.shape), self.ignore_index, dtype=torch.int64, device=targets.device)
+            return targets.shape, targets.device, rows, rows[0], tuple(range(1, rows.dim()))
+
+    def _new_pending(self) -> torch.Tensor:
+        with torch.inference_mode(False):
+            self._pending = torch.zeros(2, dtype=torch.int64, device=self.device)
+        return self._pending
+
+    def fold(self) -> torch.Tensor:
+        if self._pending is not None:  # [correct, ignored] -> total += correct, count -= ignored
+            self._total.add_(self._pending[0])
+            self._count.sub_(self._pending[1])
+            self._pending = None
+        return super().fold()
+
+    def reset(self) -> None:
+        super().reset()
+        self._pending = None
+
+    def snapshot(self) -> tuple[torch.Tensor, float]:
+        self.fold()
+        return super().snapshot()
+
+    def restore(self, snapshot: tuple[torch.Tensor, float]) -> None:
+        self._pending = None
+        super().restore(snapshot)
 
     def update_counts(self, correct: torch.Tensor | int, count: torch.Tensor | int) -> None:
         """Add precomputed counts of correct predictions and of samples."""
