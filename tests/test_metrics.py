@@ -177,25 +177,55 @@ def _dispatched(fn) -> list[str]:
     return names
 
 
+@pytest.mark.parametrize("on_host", [True, False], ids=["cpu", "device-path"])
 @pytest.mark.parametrize("shape", [(16,), (4, 6), ()])
-def test_accuracy_update_is_four_kernels_and_exact_with_ignored_targets(shape):
-    # each kernel is a few microseconds of a CPU training step: argmax, one comparison, one sum, one add
+def test_accuracy_update_is_few_kernels_and_exact_with_ignored_targets(shape, on_host):
+    # each kernel is a few microseconds of a CPU training step: argmax, one comparison, one sum, and on an
+    # accelerator one add (on the CPU the counts are read back and added on the host instead)
     torch.manual_seed(0)
     acc, logits_seen, targets_seen = Accuracy(), [], []
+    acc._on_host = on_host  # False: the accelerator's path (counts kept on the device), run on CPU tensors
     for step in range(5):
         logits = torch.randn(*shape, 5, requires_grad=True)
         targets = torch.randint(0, 5, shape)
         if targets.dim():
             targets.view(-1)[step % targets.numel()] = -100
-        ops = _dispatched(functools.partial(acc.update, logits, targets))
+        ops = sorted(_dispatched(functools.partial(acc.update, logits, targets)))
+        if step == 3:  # the first addition after a read takes the folded total back to the host: one read
+            assert ops.count("_local_scalar_dense") == (1 if on_host else 0)
+            ops.remove("_local_scalar_dense") if on_host else None
         if step:  # the first call also makes its buffers
-            assert sorted(ops) == (["add_", "argmax", "eq"] if shape == () else ["add_", "argmax", "eq", "sum"])
+            expected_ops = ["argmax", "eq"] + (["sum"] if shape != () else []) + ([] if on_host else ["add_"])
+            assert ops == sorted(expected_ops)
+        if step == 2:
+            acc.compute()  # a read in the middle: later counts add to what was folded
         logits_seen.append(logits.detach().reshape(-1, 5))
         targets_seen.append(targets.reshape(-1))
     logits, targets = torch.cat(logits_seen), torch.cat(targets_seen)
     kept = targets != -100
     expected = ((logits.argmax(-1) == targets) & kept).sum().item() / kept.sum().item()
     assert acc.compute() == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_training_loss_summed_on_the_host_has_the_bits_of_the_tensor_sum():
+    torch.manual_seed(2)
+    losses = [torch.rand((), dtype=torch.float32) * 10 for _ in range(300)]
+    counts = [int(c) for c in torch.randint(1, 100, (300,))]
+    host, device = Mean(), Mean()
+    device._on_host = False  # the tensor additions an accelerator does
+    for i, (loss, count) in enumerate(zip(losses, counts)):
+        ops = _dispatched(functools.partial(host.update_loss, loss, count))
+        device.update_loss(loss, count)
+        assert "add_" not in ops
+        if i % 37 == 0:  # reads between additions (log intervals) fold the host's total into the tensor
+            assert host.compute() == device.compute()
+        if i == 150:  # and so do a snapshot and a checkpoint
+            host.restore(host.snapshot())
+            host.load_state_dict(host.state_dict())
+    assert torch.equal(host.fold(), device.fold())
+    host.update(torch.tensor(1.5), 3)  # the general path after host additions continues from their total
+    device.update(torch.tensor(1.5), 3)
+    assert torch.equal(host.fold(), device.fold())
 
 
 def test_accuracy_counts_between_reads_survive_snapshot_state_dict_and_inference_mode():
