@@ -16,6 +16,10 @@ import torch
 
 from trainwise.errors import TrainwiseError
 
+# Devices whose tensors' values Python reads without waiting for a device: a training step's loss and correct
+# count are added on the host there; elsewhere they stay on the device, read once per log interval.
+HOST_READ_DEVICES = frozenset({"cpu"})
+
 
 def _accumulator_dtype(device: torch.device) -> torch.dtype:
     # float64 keeps sums of many float32 values and counts up to 2**53 exact; MPS has no float64.
@@ -39,7 +43,7 @@ class Metric:
             self.state = torch.zeros(2, dtype=_accumulator_dtype(self.device), device=self.device)
             self._total, self._count = self.state[0], self.state[1]  # views, made once
         self._host_count = 0.0
-        self._on_host = self.device.type == "cpu"  # scalars read back for free: host additions
+        self._on_host = self.device.type in HOST_READ_DEVICES  # scalars read back for free: host additions
         self._host_total: float | None = None  # when set, the running total (state[0] is behind it)
 
     def _sync_total(self) -> None:
