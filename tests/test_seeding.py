@@ -113,3 +113,20 @@ def test_determinism_restored_imports_nothing_when_nothing_changed():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_fit_leaves_the_accelerator_generators_at_its_seed(tmp_path, monkeypatch):
+    """The run's seed reaches CUDA's generators last: nothing after seeding (the data fingerprint reads samples
+    under a fixed seed) reseeds a device generator it cannot restore, or every GPU run would draw from seed 0."""
+    import torch.cuda
+
+    from trainwise import Trainer
+
+    seeds: list[int] = []
+    real = torch.cuda.manual_seed_all
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: (seeds.append(int(seed)), real(seed))[1])
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g))
+    Trainer(epochs=1, batch_size=16, device="cpu", progress="off", run_dir=str(tmp_path), plot=False,
+            seed=123).fit(lambda: torch.nn.Linear(4, 2), data)
+    assert seeds and seeds[-1] == 123, seeds

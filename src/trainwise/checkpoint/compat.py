@@ -91,9 +91,11 @@ def data_fingerprint(dataset: Any) -> str | None:
         np = None  # type: ignore[assignment]
     np_state = np.random.get_state() if np is not None else None
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]):  # the CPU generator, restored after
             for index in sorted({0, size - 1}):
-                torch.manual_seed(0)
+                # the CPU generator alone: torch.manual_seed would also reseed CUDA's, which fork_rng(devices=[])
+                # does not restore (every run's GPU randomness would start from seed 0, whatever its seed)
+                torch.default_generator.manual_seed(0)
                 random.seed(0)
                 if np is not None:
                     np.random.seed(0)
