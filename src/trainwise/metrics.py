@@ -184,8 +184,8 @@ class Accuracy(Metric):
             self._host_count += targets.numel()
         elif ignore < 0 or ignore >= logits.shape[-1]:
             # the ignored index is never predicted: one comparison of [predictions; ignore_index] with the targets
-            # counts the correct and the ignored positions at once (four kernels a step); the items counted are
-            # the targets less the ignored ones, folded in when read
+            # counts the correct and the ignored positions at once (argmax, eq, sum; on an accelerator one add
+            # into the pending counts, folded in when read); the items counted are the targets less the ignored
             rows = self._rows
             if rows is None or rows[0] != targets.shape or rows[1] != targets.device:
                 rows = self._rows = self._make_rows(targets)
