@@ -17,8 +17,9 @@ is an average over them.
 The Trainer sides are ``overhead.py``'s (its data, sampler and ``RunOptions``; the user's ``torch.optim.Adam``):
 each is counted twice, a whole 2-epoch run over ``--batches`` batches and over three times as many, each after
 two warm-up runs in the same process; the difference over the added steps is the work per optimizer step
-(loader, step, metrics, logging, guards; nothing done once per epoch or run), and what is left of the smaller
-run is the set-up and epoch ends (``fixed``: checkpoints, the plot, the diagnosis, the run folder).
+(loader, step, metrics, the guards' per-step work; nothing done once per epoch or run, and no log interval or
+periodic check, which ``log_every=50`` puts past these runs' 48 steps), and what is left of the smaller run is
+the set-up and epoch ends (``fixed``: checkpoints, the plot, the diagnosis, the run folder).
 
 Needs valgrind (``apt install valgrind``). Nothing here asserts a count.
 """
