@@ -173,11 +173,12 @@ class Accuracy(Metric):
                 f"{tuple(logits.shape)} and {tuple(targets.shape)}."
             )
         ignore = self.ignore_index
-        if self._host_total is not None and not (self._on_host and targets.is_cpu):
+        on_host = self._on_host and targets.is_cpu
+        if self._host_total is not None and not on_host:
             self._sync_total()
         if ignore is None:
             correct = (logits.argmax(dim=-1) == targets).sum()  # argmax records no graph
-            if self._on_host and targets.is_cpu:
+            if on_host:
                 self._add_on_host(correct.item())
             else:
                 self._total.add_(correct)
@@ -191,7 +192,7 @@ class Accuracy(Metric):
                 rows = self._rows = self._make_rows(targets)
             torch.argmax(logits, dim=-1, out=rows[3])
             hits = rows[2] == targets
-            if self._on_host and targets.is_cpu:
+            if on_host:
                 correct, ignored = (hits.sum(dim=rows[4]) if rows[4] else hits).tolist()
                 self._add_on_host(correct)
                 self._host_count += targets.numel() - ignored
