@@ -56,8 +56,21 @@ def _mlp():
     return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 3))
 
 
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """``torch.compile`` with the ``aot_eager`` backend: graph breaks are dynamo's, whatever the backend, and
+    aot_eager traces forward and backward as inductor does without generating and compiling C++ (on a CPU the
+    two Trainer cases take 8 s instead of 33)."""
+    compile_ = torch.compile
+
+    def compile_aot_eager(model=None, **options):
+        return compile_(model, **{**options, "backend": "aot_eager"})
+
+    monkeypatch.setattr(torch, "compile", compile_aot_eager)
+
+
 @pytest.mark.parametrize("which", ["mlp", "tiny-llama"])
-def test_the_compiled_trainer_with_its_guards_takes_no_graph_break(tmp_path, which):
+def test_the_compiled_trainer_with_its_guards_takes_no_graph_break(tmp_path, which, aot_eager):
     if which == "mlp":
         g = torch.Generator().manual_seed(0)
         data = TensorDataset(torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g))
