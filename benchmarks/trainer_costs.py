@@ -21,7 +21,14 @@ Sides (each against ``minimal-adam``; the options also against ``trainer-off``):
 - ``train-step``: the same through one ``TrainStep`` (the Trainer's step object);
 - ``trainer-off``: ``Trainer(optimizer=<the user's Adam>)`` with every option off;
 - ``+guards``, ``+accuracy``, ``+progress``, ``+checkpoints``, ``+diagnose``, ``+plot``: one option on;
-- ``trainer``: the Trainer's defaults with the user's Adam.
+- ``trainer``: the Trainer's defaults with the user's Adam;
+- ``probe:*``: the user's loop with a little work added after the loss that changes nothing (``probe:none`` adds
+  an empty call; ``1-op``, one detach; ``accuracy-ops``, a hand-written accuracy; ``numpy-sum``, the targets
+  summed by numpy; ``30-calls``, thirty calls of one small function). For each, what it adds to a step (its
+  step less ``probe:none``'s, per round) beside what the same call costs alone, called over and over: work
+  whose code the step runs anyway costs about what it costs alone; work whose code the step never runs (argmax,
+  numpy) costs several times more inside a step than alone, and instructions counts (``instructions.py``) do
+  not see that.
 """
 
 from __future__ import annotations
@@ -117,6 +124,87 @@ def _trainer(**options: Any) -> Callable[[Any, Any, Any], Any]:
     return run
 
 
+# -- probes: what added work costs inside a step, against what the same work costs alone ----------------------
+
+
+def _probe_loop(model: Any, loader: Any, epochs: int, extra: Callable[[Any, Any], Any]) -> None:
+    """``overhead.py``'s minimal loop on the user's Adam, calling ``extra(logits, targets)`` after the loss: work
+    that leaves the training as it is."""
+    import torch
+    import torch.nn.functional as F
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=overhead.LR)
+    for _ in range(epochs):
+        model.train()
+        for inputs, targets in loader:
+            optimizer.zero_grad(set_to_none=True)
+            logits = model(inputs)
+            loss = F.cross_entropy(logits, targets)
+            extra(logits, targets)
+            loss.backward()
+            optimizer.step()
+            loss.item()
+
+
+def _nothing(logits: Any, targets: Any) -> None:
+    return None
+
+
+def _one_op(logits: Any, targets: Any) -> Any:
+    return logits.detach()  # one small torch operation
+
+
+def _accuracy_ops(logits: Any, targets: Any) -> Any:
+    return (logits.argmax(dim=1) == targets).sum().item()  # a hand-written accuracy: three operations and a read
+
+
+def _numpy_sum(logits: Any, targets: Any) -> Any:
+    return int(targets.numpy().sum())  # a small read of the batch through code the step never runs (numpy)
+
+
+def _function(value: Any) -> Any:
+    a = value
+    b = a
+    c = b
+    d = c
+    e = d
+    f = e
+    return f
+
+
+def _thirty_calls(logits: Any, targets: Any) -> Any:
+    for _ in range(30):  # thirty calls of an 8-line function: about what the Trainer adds to a step in Python
+        logits = _function(logits)
+    return logits
+
+
+PROBES: dict[str, Callable[[Any, Any], Any]] = {
+    "probe:none": _nothing,
+    "probe:1-op": _one_op,
+    "probe:accuracy-ops": _accuracy_ops,
+    "probe:numpy-sum": _numpy_sum,
+    "probe:30-calls": _thirty_calls,
+}
+
+
+def _probe(extra: Callable[[Any, Any], Any]) -> Callable[[Any, Any, Any], Any]:
+    def run(model: Any, dataset: Any, options: Any) -> Any:
+        _probe_loop(model, overhead._loader(dataset, options), options.epochs, extra)
+        return model
+    return run
+
+
+def _alone_us(extra: Callable[[Any, Any], Any], dataset: Any, batch_size: int) -> float:
+    """Microseconds one call of ``extra`` takes alone, called over and over on one batch's logits (best of 5)."""
+    import timeit
+
+    inputs, targets = dataset.tensors
+    logits = overhead._model("small", 0)(inputs[:batch_size])  # an output that needs grad, as in a step
+    number = 2000
+    best = min(timeit.repeat(lambda: extra(logits, targets[:batch_size]), number=number, repeat=5))
+    return best / number * 1e6
+
+
 SIDES: dict[str, Callable[[Any, Any, Any], Any]] = {
     BASE: run_minimal_adam,
     "loader": run_loader,
@@ -125,6 +213,7 @@ SIDES: dict[str, Callable[[Any, Any, Any], Any]] = {
     "trainer-off": _trainer(**OFF),
     **{f"+{name}": _trainer(**{**OFF, name: value}) for name, value in OPTIONS.items()},
     "trainer": _trainer(),
+    **{name: _probe(extra) for name, extra in PROBES.items()},
 }
 
 
@@ -173,6 +262,11 @@ def measure(sides: list[str], rounds: int, epochs: int) -> dict[str, Any]:
                  "ratio": _ratio(times[side], times[BASE])}
         if side.startswith("+") and "trainer-off" in times:
             entry["ratio_to_trainer_off"] = _ratio(times[side], times["trainer-off"])
+        if side in PROBES and side != "probe:none" and "probe:none" in times:
+            # per round, this probe's step less the empty probe's: what the added work costs inside a step
+            added = statistics.median(a - b for a, b in zip(times[side], times["probe:none"])) * 1e6
+            alone = _alone_us(PROBES[side], dataset, batch_size)
+            entry["probe"] = {"added_us": added, "alone_us": alone, "in_step_over_alone": added / alone}
         report["sides"][side] = entry
     return report
 
@@ -220,6 +314,12 @@ def main(argv: list[str] | None = None) -> int:
         off = e.get("ratio_to_trainer_off")
         off_cell = f"{off['median']:.3f} [{off['q1']:.3f}-{off['q3']:.3f}]" if off else ""
         print(f"{side:<14} {e['us_per_step']:>8.1f}  {r['median']:.3f} [{r['q1']:.3f}-{r['q3']:.3f}]      {off_cell}")
+    probes = {side: e["probe"] for side, e in report["sides"].items() if "probe" in e}
+    if probes:
+        print("\nthe same work inside a step (the probe's step less probe:none's, per round) and alone (best of 5)")
+        print(f"{'probe':<20} {'in a step, us':>14} {'alone, us':>10} {'ratio':>6}")
+        for side, p in probes.items():
+            print(f"{side:<20} {p['added_us']:>14.1f} {p['alone_us']:>10.2f} {p['in_step_over_alone']:>6.1f}")
     losses = report["losses"]
     if report["same_result"]:
         print(f"\nevery side ends at training loss {next(iter(losses.values())):.6f}")

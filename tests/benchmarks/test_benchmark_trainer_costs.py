@@ -44,3 +44,18 @@ def test_a_side_that_trains_differently_is_told(monkeypatch, capsys):
     monkeypatch.setitem(costs.SIDES, "loader", fewer_epochs)
     assert costs.main(["--rounds", "1", "--epochs", "2", "--sides", "minimal-adam,loader"]) == 1
     assert "different losses" in capsys.readouterr().out
+
+
+def test_probes_report_their_cost_in_a_step_and_alone_and_leave_the_training_as_it_is(capsys):
+    costs = _costs()
+    sides = ["minimal-adam", "probe:none", "probe:accuracy-ops", "probe:numpy-sum"]
+    report = costs.measure(sides, rounds=2, epochs=1)
+    assert report["same_result"], report["losses"]  # a probe's work changes nothing the step computes
+    assert "probe" not in report["sides"]["probe:none"]
+    for side in sides[2:]:
+        probe = report["sides"][side]["probe"]
+        assert probe["alone_us"] > 0
+        assert probe["in_step_over_alone"] == probe["added_us"] / probe["alone_us"]
+    assert costs.main(["--rounds", "1", "--epochs", "1", "--sides", "minimal-adam,probe:none,probe:1-op"]) == 0
+    out = capsys.readouterr().out
+    assert "in a step, us" in out and "probe:1-op" in out.split("in a step, us")[1]
