@@ -118,19 +118,20 @@ def test_kept_graph_is_reported_once_within_two_steps(loop: Callable[..., None])
     assert [w.message.code for w in caught] == ["TW102"]
 
 
-def test_one_step_in_thirty_two_is_tagged_and_a_late_leak_is_found_at_the_next_tagged_step() -> None:
-    # a sampled step costs tens of microseconds (cold code beside the loop's own): the forwards of steps 0, 32, 64...
-    # are tagged, since a loop that keeps graphs keeps them every step; one that starts keeping them at step 3 is
-    # found from step 32's forward
-    from trainwise.guards.tw102_graph_kept import _SAMPLE
+def test_sampled_steps_are_tagged_and_a_late_leak_is_found_at_the_next_sampled_step() -> None:
+    # a sampled step costs tens of microseconds (cold code beside the loop's own): the forwards of steps 0, 32, 64,
+    # 128... are tagged, since a loop that keeps graphs keeps them every step; one that starts keeping them at
+    # step 3 is found from step 32's forward
+    from trainwise.guards.check import sample_gap
 
-    assert _SAMPLE == 32 and _SAMPLE % 8 == 0  # a multiple of forward_every=8, the Trainer's: its forwards are hooked
+    sample = sample_gap(0)
+    assert sample == 32 and sample % 8 == 0  # a multiple of forward_every=8, the Trainer's: its forwards are hooked
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     tagged, kept = [], []
     with trainwise.guard(model, optimizer, action="record", checks=["TW102"]) as guard:
-        for i in range(2 * _SAMPLE):
+        for i in range(2 * sample):
             optimizer.zero_grad()
             output = model(torch.randn(4, 8))
             tagged.append(bool(output.grad_fn.metadata))  # the token sits on the output's autograd node
@@ -139,10 +140,32 @@ def test_one_step_in_thirty_two_is_tagged_and_a_late_leak_is_found_at_the_next_t
             optimizer.step()
             if i >= 3:
                 kept.append(loss)  # the mistake, from the fourth step on
-    assert [i for i, t in enumerate(tagged) if t] == [0, _SAMPLE]
+    assert [i for i, t in enumerate(tagged) if t] == [0, sample]
     # the forward before step 33, judged after step 35
-    assert [(f.code, f.step) for f in guard.findings] == [("TW102", _SAMPLE + 3)]
-    assert f"before step {_SAMPLE + 1}" in guard.findings[0].message
+    assert [(f.code, f.step) for f in guard.findings] == [("TW102", sample + 3)]
+    assert f"before step {sample + 1}" in guard.findings[0].message
+
+
+def test_the_sampled_steps_thin_out_as_the_run_goes_on_and_a_late_leak_is_still_found() -> None:
+    """Steps 0, 32, 64, 128, 256, then one in 256 (512, 768...): every one a multiple of 8, and a run that starts
+    keeping graphs at step 300 is found from step 512's forward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    tagged, kept = [], []
+    x, y = torch.randn(4, 8), torch.randint(0, 3, (4,))
+    with trainwise.guard(model, optimizer, action="record", checks=["TW102"]) as guard:
+        for i in range(800):
+            optimizer.zero_grad()
+            output = model(x)
+            tagged.append(bool(output.grad_fn.metadata))
+            loss = nn.functional.cross_entropy(output, y)
+            loss.backward()
+            optimizer.step()
+            if i >= 300:
+                kept.append(loss)
+    assert [i for i, t in enumerate(tagged) if t] == [0, 32, 64, 128, 256, 512]  # reported: no sample after
+    assert [(f.code, f.step) for f in guard.findings] == [("TW102", 515)]
 
 
 def test_message_counts_the_kept_graphs() -> None:

@@ -8,7 +8,18 @@ import pytest
 import torch
 
 import trainwise
-from trainwise.guards.tw105_gradients_never_zeroed import _PERIOD
+from trainwise.guards.check import sample_gap
+
+
+def _pair_starts(steps):
+    """The first steps of the judged pairs within ``steps`` steps: 0, then odd sample gaps apart."""
+    starts = [0]
+    while starts[-1] + sample_gap(starts[-1], odd=True) < steps:
+        starts.append(starts[-1] + sample_gap(starts[-1], odd=True))
+    return starts
+
+
+FIRST, SECOND = _pair_starts(1000)[1:3]  # 33 and 66
 
 
 def _setup(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -169,7 +180,7 @@ def test_zeroing_on_every_other_step_is_reported(zeroed_parity):
     only on every other step has a pair with no zeroing between its steps."""
     model, optimizer, batches = _setup()
     with trainwise.guard(model, optimizer, action="record", checks=["TW105"]) as guard:
-        for i in range(_PERIOD + 2):
+        for i in range(FIRST + 2):
             if i % 2 == zeroed_parity:
                 optimizer.zero_grad()
             _loss(model, batches[i % len(batches)]).backward()
@@ -180,7 +191,7 @@ def test_zeroing_on_every_other_step_is_reported(zeroed_parity):
 def test_a_loop_that_stops_zeroing_late_is_reported_within_a_period():
     model, optimizer, batches = _setup()
     with trainwise.guard(model, optimizer, action="record", checks=["TW105"]) as guard:
-        for i in range(30 + _PERIOD + 2):
+        for i in range(FIRST + 2):
             if i < 30:
                 optimizer.zero_grad()
             _loss(model, batches[i % len(batches)]).backward()
@@ -188,7 +199,7 @@ def test_a_loop_that_stops_zeroing_late_is_reported_within_a_period():
             if i == 29:
                 assert guard.findings == []
     assert [f.code for f in guard.findings] == ["TW105"]
-    assert 30 < guard.findings[0].step <= 30 + _PERIOD + 1  # the next judged pair after zeroing stopped
+    assert 30 < guard.findings[0].step <= FIRST + 1  # the next judged pair after zeroing stopped
 
 
 def test_the_zeroing_spies_are_set_for_the_judged_pairs_only():
@@ -196,13 +207,13 @@ def test_the_zeroing_spies_are_set_for_the_judged_pairs_only():
     model, optimizer, batches = _setup()
     spied = []
     with trainwise.guard(model, optimizer, action="record", checks=["TW105"]) as guard:
-        for i in range(2 * _PERIOD + 2):
+        for i in range(SECOND + 2):
             spied.append("zero_grad" in vars(optimizer) and "zero_grad" in vars(model))
             optimizer.zero_grad()
             _loss(model, batches[i % len(batches)]).backward()
             optimizer.step()
-    # set for the pairs' steps 0-1, 31-32, 62-63 (from before the first step to the second step's pre-hook)
-    assert [i for i, s in enumerate(spied) if s] == [0, 1, _PERIOD, _PERIOD + 1, 2 * _PERIOD, 2 * _PERIOD + 1]
+    # set for the pairs' steps 0-1, 33-34, 66-67 (from before the first step to the second step's pre-hook)
+    assert [i for i, s in enumerate(spied) if s] == [0, 1, FIRST, FIRST + 1, SECOND, SECOND + 1]
     assert guard.findings == []
     assert "zero_grad" not in vars(optimizer) and "zero_grad" not in vars(model)
 
@@ -211,7 +222,7 @@ def test_a_zero_grad_set_by_the_user_between_pairs_is_spied_on_and_kept():
     model, optimizer, batches = _setup()
     calls = []
     with trainwise.guard(model, optimizer, action="record", checks=["TW105"]) as guard:
-        for i in range(2 * _PERIOD + 2):
+        for i in range(SECOND + 2):
             if i == 3:  # between pairs: the user's own wrapper, which zeroes in place
                 plain = optimizer.zero_grad
 
@@ -223,9 +234,9 @@ def test_a_zero_grad_set_by_the_user_between_pairs_is_spied_on_and_kept():
             optimizer.zero_grad(set_to_none=False)
             _loss(model, batches[i % len(batches)]).backward()
             optimizer.step()
-        assert vars(optimizer)["zero_grad"] is counted  # after the pairs 31-32 and 62-63
+        assert vars(optimizer)["zero_grad"] is counted  # after the pairs 33-34 and 66-67
     assert guard.findings == []  # its zeroing was seen, though the gradient tensors stay the same
-    assert vars(optimizer)["zero_grad"] is counted and len(calls) == 2 * _PERIOD - 1
+    assert vars(optimizer)["zero_grad"] is counted and len(calls) == SECOND - 1
 
 
 def test_a_wrapper_set_over_a_spy_stays_and_keeps_the_check_right():
@@ -234,10 +245,27 @@ def test_a_wrapper_set_over_a_spy_stays_and_keeps_the_check_right():
         spy = optimizer.zero_grad  # set for the first pair
         optimizer.zero_grad = lambda *a, **k: spy(*a, **k)  # someone wraps it in the pair
         wrapper = optimizer.zero_grad
-        for i in range(2 * _PERIOD + 2):
+        for i in range(SECOND + 2):
             optimizer.zero_grad(set_to_none=False)
             _loss(model, batches[i % len(batches)]).backward()
             optimizer.step()
         assert optimizer.zero_grad is wrapper
     assert guard.findings == []
     assert optimizer.zero_grad is wrapper  # close leaves another's wrapper in place
+
+
+def test_the_judged_pairs_thin_out_as_the_run_goes_on():
+    """Pairs 33, 33, 67, 133, 257 steps apart: all odd (both parities of an every-other-step loop are judged) and
+    at most 257, so a long run pays for one pair in 257 steps and a loop that stops zeroing late is still found."""
+    assert _pair_starts(1100) == [0, 33, 66, 133, 266, 523, 780, 1037]
+    model, optimizer, batches = _setup()
+    spied = []
+    with trainwise.guard(model, optimizer, action="record", checks=["TW105"]) as guard:
+        for i in range(540):
+            spied.append("zero_grad" in vars(optimizer))
+            if i < 300:
+                optimizer.zero_grad()
+            _loss(model, batches[i % len(batches)]).backward()
+            optimizer.step()
+    assert [i for i, s in enumerate(spied) if s] == [0, 1, 33, 34, 66, 67, 133, 134, 266, 267, 523, 524]
+    assert [(f.code, f.step) for f in guard.findings] == [("TW105", 524)]

@@ -118,15 +118,18 @@ def test_float16_evaluation_under_no_grad_does_not_count():
 
 def test_only_sampled_steps_are_looked_at_and_a_late_float16_is_found_at_the_next(monkeypatch):
     from trainwise.guards import tw109_float16_without_scaler as tw109
+    from trainwise.guards.check import sample_gap
+
+    sample = sample_gap(0)  # steps 0, 32, 64 are sampled
 
     looked = []
     original = tw109.Float16WithoutScaler.before_step
     monkeypatch.setattr(tw109.Float16WithoutScaler, "before_step",
                         lambda self, optimizer: (looked.append(self.guard.step), original(self, optimizer))[1])
     model, optimizer, _ = _setup()
-    batches = [(torch.randn(4, 4), torch.randn(4, 1)) for _ in range(2 * tw109._SAMPLE + 4)]
+    batches = [(torch.randn(4, 4), torch.randn(4, 1)) for _ in range(2 * sample + 4)]
     with trainwise.guard(model, optimizer, checks=["TW109"], action="record") as guard:
-        _scaled(model, optimizer, batches[: tw109._SAMPLE + 4])  # correct float16: its steps cost no frame walk
-        assert looked == [0, tw109._SAMPLE] and guard.findings == []
-        _plain(model, optimizer, batches[tw109._SAMPLE + 4:], torch.float16)  # the scaler dropped mid-run
-    assert [(f.code, f.step) for f in guard.findings] == [("TW109", 2 * tw109._SAMPLE)]
+        _scaled(model, optimizer, batches[: sample + 4])  # correct float16: its steps cost no frame walk
+        assert looked == [0, sample] and guard.findings == []
+        _plain(model, optimizer, batches[sample + 4:], torch.float16)  # the scaler dropped mid-run
+    assert [(f.code, f.step) for f in guard.findings] == [("TW109", 2 * sample)]

@@ -12,6 +12,23 @@ if TYPE_CHECKING:
     from trainwise.guards.core import Guard
 
 
+# Checks that sample steps (TW102, TW105, TW109) wake on few: a sampled step runs code the loop itself never runs,
+# which inside a tight step costs several times what it costs alone (benchmarks/trainer_costs.py, probes). The
+# first step is always sampled; then the gap grows with the run, so a short run is looked at often and a long one
+# pays for about one sample in SAMPLE_LAST_GAP steps.
+SAMPLE_FIRST_GAP = 32
+SAMPLE_LAST_GAP = 256
+
+
+def sample_gap(step: int, *, odd: bool = False) -> int:
+    """Steps from a sample taken at optimizer step ``step`` to the next: 32 at first, then ``step`` (the samples
+    double apart: steps 0, 32, 64, 128, 256, then every 256), so every sampled step is a multiple of 8, whose
+    forwards ``forward_every=8`` (the Trainer's) hooks. ``odd``: one more when even, for a check that judges pairs
+    of steps (a loop that does something on every other step then shows on both parities)."""
+    gap = min(SAMPLE_LAST_GAP, max(SAMPLE_FIRST_GAP, step))
+    return gap | 1 if odd else gap
+
+
 class Check:
     """One code's runtime check. Subclasses set ``code`` and override the events they need; the guard calls
     only the overridden ones, and none while the check has muted it (``guard.listen(self, event, False)``: it

@@ -5,7 +5,8 @@ Each training forward's output gets a token: a tiny object stored in the ``metad
 that forward's autograd graph; the guard holds it only by a weak reference. A token still alive two optimizer
 steps after its forward means something (``total += loss``, ``losses.append(loss)``, a dict entry) keeps the
 graph. The output itself is not touched: same object, same values, in-place operations still allowed. Only the
-forwards of one step in 32 are tagged (the first step's always): what keeps one graph keeps them all.
+forwards of a few sampled steps are tagged (steps 0, 32, 64, 128, 256, then one in 256: ``check.sample_gap``):
+what keeps one graph keeps them all.
 """
 
 from __future__ import annotations
@@ -16,17 +17,13 @@ from typing import Any
 
 import torch
 
-from trainwise.guards.check import Check
+from trainwise.guards.check import Check, sample_gap
 from trainwise.guards.outputs import tensors_with_graph
 
 _WHERE = "(the model)"
 _KEY = "trainwise.TW102"  # the token's key in grad_fn.metadata
 _LAG = 3  # a forward made when guard.step was s is judged after step s + 3: two full steps after its own
 _MAX_PENDING = 4096  # forwards waiting for their verdict, at most (a loop whose optimizer never steps)
-# the training forwards of one optimizer step in _SAMPLE are tagged (steps 0, 32, 64...): a loop that keeps graphs
-# keeps them every step, so the sampled ones show it; a sampled step is cold code in a tight loop (tens of us), so
-# samples are rare. A multiple of forward_every=8 (the Trainer's), whose steps have their forwards hooked
-_SAMPLE = 32
 
 
 class GraphLifetime:
@@ -63,7 +60,7 @@ class GraphKeptAcrossSteps(Check):
             self.guard.listen(self, "after_forward", True)
         self.guard.at_step(step + 1, self._stop_tagging)
         self.guard.at_step(step + _LAG, self._judge)
-        self.guard.at_step(step + _SAMPLE, self._sample)
+        self.guard.at_step(step + sample_gap(step), self._sample)
 
     def _stop_tagging(self) -> None:
         self.guard.listen(self, "after_forward", False)

@@ -9,10 +9,9 @@ from typing import Any
 
 import torch
 
-from trainwise.guards.check import Check
+from trainwise.guards.check import Check, sample_gap
 
 _CANDIDATES = 4  # the first parameters, of which the first with a gradient has it followed from step to step
-_PERIOD = 31  # steps from one judged pair of steps to the next (odd: a loop that zeroes every other step is caught)
 
 
 class GradientsNeverZeroed(Check):
@@ -26,8 +25,9 @@ class GradientsNeverZeroed(Check):
     Lightning's automatic optimization) runs ``zero_grad`` and ``backward`` inside ``step()``: judged after it.
 
     A loop that forgets to zero does so on every step, so pairs of consecutive steps are judged, not every step:
-    steps 0 and 1, then 31 and 32, 62 and 63... (every ``_PERIOD`` steps, an odd number, so a loop that zeroes on
-    every other step is caught too). The spies are set for the pairs only: the steps between cost nothing.
+    steps 0 and 1, then 33 and 34, 66 and 67, 133 and 134, 266 and 267, then one pair in 257 steps (the gaps of
+    ``check.sample_gap``, made odd, so a loop that zeroes on every other step is caught too). The spies are set
+    for the pairs only: the steps between cost nothing.
     """
 
     code = "TW105"
@@ -90,8 +90,9 @@ class GradientsNeverZeroed(Check):
         self.guard.listen(self, "after_step", False)
         self._spy(False)
         if not same:
-            # the next pair starts _PERIOD steps after this one started (the step before this)
-            self.guard.at_step(self.guard.step + _PERIOD - 1, self._start_pair)
+            # the next pair starts an odd sample gap after this one started (the step before this)
+            started = self.guard.step - 1
+            self.guard.at_step(started + sample_gap(started, odd=True), self._start_pair)
             return
         self.guard.report(
             self.code, type(optimizer).__name__,

@@ -7,11 +7,10 @@ from typing import Any
 
 import torch
 
-from trainwise.guards.check import Check
+from trainwise.guards.check import Check, sample_gap
 
 _DEVICE_TYPES = ("cuda", "cpu")
 _MAX_DEPTH = 16  # frames searched above the step hook: scaler.step -> _maybe_opt_step -> optimizer wrappers
-_SAMPLE = 32  # one optimizer step in 32 is looked at: TW102's period, so both wake on the same steps
 
 
 def called_from_grad_scaler() -> bool:
@@ -46,10 +45,10 @@ def _float16_autocast() -> bool:
 class Float16WithoutScaler(Check):
     """A step whose gradients came through a float16 autocast forward, not taken by ``GradScaler.step``.
 
-    Only the steps TW102 samples are looked at (steps 0, 32, 64...: the same wakes): a loop that runs float16
-    without a scaler does it every step. On those, each training forward notes autocast's dtype (two C calls),
-    and the step looks for a scaler on the stack only after a float16 one; nothing runs on the other steps,
-    not even for a correct float16 loop with its scaler."""
+    Only the steps TW102 samples are looked at (steps 0, 32, 64, 128, 256, then one in 256: the same wakes): a
+    loop that runs float16 without a scaler does it every step. On those, each training forward notes autocast's
+    dtype (two C calls), and the step looks for a scaler on the stack only after a float16 one; nothing runs on
+    the other steps, not even for a correct float16 loop with its scaler."""
 
     code = "TW109"
 
@@ -69,7 +68,7 @@ class Float16WithoutScaler(Check):
             self.guard.listen(self, "before_forward", True)
         step = self.guard.step
         self.guard.at_step(step + 1, self._stop)
-        self.guard.at_step(step + _SAMPLE, self._sample)
+        self.guard.at_step(step + sample_gap(step), self._sample)
 
     def _stop(self) -> None:
         self._fp16 = False
