@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainwise as tw
+from trainwise.guards import NonFiniteLossGuard
 from trainwise.oom import AdaptiveMicroBatches
 
 
@@ -146,3 +147,65 @@ def test_a_splitter_redoes_the_window_at_the_size_that_fits_and_counts_each_samp
     assert count == ref_metrics.mean("loss").fold()[1] == 32  # no sample counted twice
     for key, value in model.inner.state_dict().items():
         assert torch.allclose(value, reference.inner.state_dict()[key], atol=1e-6), key
+
+
+class LogitsOrDict(nn.Module):
+    """Class logits, except on its ``dict_call``-th forward, which returns them in a dict (as HF models do)."""
+
+    def __init__(self, dict_call: int = 0):
+        super().__init__()
+        self.inner, self.calls, self.dict_call = _model(), 0, dict_call
+
+    def forward(self, x):
+        self.calls += 1
+        out = self.inner(x)
+        return {"logits": out} if self.calls == self.dict_call else out
+
+
+def _batches():
+    """Pairs of tensors as a DataLoader yields them (lists), a tuple, and a dict batch among them."""
+    data = _data(48)
+    x, y = data.tensors
+    batches: list = [[x[i:i + 8], y[i:i + 8]] for i in range(0, 24, 8)]
+    batches.append((x[24:32], y[24:32]))
+    batches.append({"x": x[32:40], "labels": y[32:40]})
+    batches.append([x[40:48], y[40:48]])
+    return batches
+
+
+@pytest.mark.parametrize("dict_call", [0, 3])
+def test_the_plain_way_ends_bitwise_where_the_general_rules_end(dict_call):
+    """A window of one (inputs, targets) batch takes the plain way (forward, cross-entropy, backward, step); with
+    the same forward given as a plain function, every batch goes through the general rules. Batches of other
+    kinds (a dict) and a forward that returns another kind of output must change nothing either."""
+    results = []
+    for forward in (FORWARD, lambda model, batch: FORWARD(model, batch)):
+        model = LogitsOrDict(dict_call)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        accumulator = tw.GradientAccumulator(optimizer, scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 2))
+        metrics = tw.MetricSet(torch.device("cpu"))
+        guard = NonFiniteLossGuard(model=model)
+        step = tw.TrainStep(model, accumulator, forward, metrics, loss_guard=guard)
+        assert all(step.add(batch, last=False) for batch in _batches())
+        results.append((model.state_dict(), optimizer.state_dict()["state"], metrics.compute(),
+                        accumulator.optimizer_steps, optimizer.param_groups[0]["lr"], guard._steps))
+    (state_a, opt_a, values_a, *rest_a), (state_b, opt_b, values_b, *rest_b) = results
+    assert rest_a == rest_b and rest_a[0] == 6
+    assert values_a == values_b and set(values_a) == {"loss", "accuracy"}
+    for key in state_a:
+        assert torch.equal(state_a[key], state_b[key]), key
+    for index, entry in opt_a.items():
+        for name, value in entry.items():
+            assert torch.equal(value, opt_b[index][name]), (index, name)
+
+
+def test_a_loss_without_gradient_is_refused_on_the_plain_way_as_on_the_first_batch():
+    model = _model()
+    accumulator = tw.GradientAccumulator(torch.optim.SGD(model.parameters(), lr=0.1))
+    step = tw.TrainStep(model, accumulator, FORWARD, tw.MetricSet(torch.device("cpu")))
+    batches = _batches()
+    step.add(batches[0], last=False)
+    model.requires_grad_(False)
+    with pytest.raises(tw.TrainwiseError, match="does not require grad"):
+        step.add(batches[1], last=False)
+    assert accumulator.optimizer_steps == 1

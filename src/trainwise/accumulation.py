@@ -181,6 +181,23 @@ class GradientAccumulator:
         self.micro_batches += 1
         self._count = self._count + count
 
+    def backward_and_step(self, loss: torch.Tensor, *, count: int) -> bool:
+        """``backward(loss, count=count)`` then ``step()``: a window of this one micro-batch of a mean loss. Where
+        nothing weights, scales, clips, skips or syncs (``steps=1``, no GradScaler, no clipping, one process),
+        that is ``loss.backward()``, the step and the zeroing, with none of the bookkeeping on the way."""
+        if (self.micro_batches or self.steps != 1 or self.scaler is not None or self.max_grad_norm is not None
+                or self.skip_nonfinite or self.distributed or type(count) is not int or count <= 0
+                or type(loss) is not torch.Tensor or loss.dim() or not loss.requires_grad):
+            self.backward(loss, count=count)  # the general way, its checks and errors included
+            return self.step()
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer_steps += 1
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return True
+
     def backward_empty(self, outputs: Any) -> None:
         """Backpropagate a micro-batch that counts zero items: a padding batch of zero rows (a rank whose shard
         ran out, see ``trainwise.data.ShardedBatchSampler``) or one whose every token is ignored.

@@ -75,7 +75,7 @@ class LogCadence(Policy):
         self.early_show = 1 if isinstance(fit.folder.progress, BarProgress) else 0
 
     def on_step_end(self, state: Any) -> None:
-        windows = self.accumulator.windows
+        windows = self.accumulator.optimizer_steps + self.accumulator.skipped_steps  # .windows, without its frame
         if windows % self.every and windows - self.epoch_windows != self.early_show:
             return  # most steps: nothing to show or log
         fit = state.fit

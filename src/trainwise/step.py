@@ -21,9 +21,18 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
+from torch.nn.functional import cross_entropy
 
 from trainwise.accumulation import GradientAccumulator
-from trainwise.data.batches import MicroBatch, wants_accuracy
+from trainwise.data.batches import (
+    MicroBatch,
+    forward_micro_batch,
+    micro_batch_of,
+    split_batch,
+    takes_labels,
+    wants_accuracy,
+)
+from trainwise.device import move_to_device
 from trainwise.metrics import Mean, MetricSet
 from trainwise.oom import AdaptiveMicroBatches
 
@@ -66,10 +75,16 @@ class TrainStep:
         self.counts_accuracy = counts_accuracy
         # with nonfinite="skip" a window's losses count only once its step is taken
         self.window_loss = Mean(metrics.device) if skip_nonfinite else None
+        # whether the plain way applies (None: not decided until the first batch, see _plain_decided), and the
+        # device it moves batches to
+        self._plain: bool | None = None
+        self._plain_to: torch.device | None = None
 
     def add(self, batch: Any, *, last: bool) -> bool:
         """Train one batch (``last``: the epoch's last); True when it ended a window and the optimizer stepped
         (or skipped a non-finite step). With a splitter every batch is a whole window."""
+        if self._plain and self._plain_window(batch):
+            return True
         if self.splitter is not None:
             self.window(batch)
             return True
@@ -91,12 +106,19 @@ class TrainStep:
         else:
             with accumulator.sync_context(model, last=last):
                 micro = self._forward_backward(batch)
+        self._count(micro, accumulator.optimizer_steps + 1)
+        if self._plain is None:
+            self._plain = self._plain_decided(micro)
+
+    def _count(self, micro: MicroBatch, step: int) -> None:
+        """The micro-batch's loss and accuracy into the metrics, its loss to the guard (``step``: the optimizer
+        step it is part of)."""
         loss = None if micro.loss is None else micro.loss.detach()  # detached once for the metric and the guard
         (self.window_loss or self.metrics.mean("loss")).update_loss(loss, micro.count, micro.reduction)
         if self.counts_accuracy is not False:  # decided on the first batch; off: no call a step
             self._count_accuracy(micro)
         if self.loss_guard is not None and loss is not None:
-            self.loss_guard.observe(loss, accumulator.optimizer_steps + 1)
+            self.loss_guard.observe(loss, step)
 
     def _forward_backward(self, batch: Any) -> MicroBatch:
         micro = self.forward(self.model, batch)
@@ -107,6 +129,74 @@ class TrainStep:
         else:
             self.accumulator.backward(micro.loss, count=micro.count, reduction=micro.reduction)
         return micro
+
+    def _plain_decided(self, micro: MicroBatch) -> bool:
+        """Whether the batches that follow may take the plain way (:meth:`_plain_window`), judged once from the
+        first: the Trainer's own forward (no loss_fn, split_batch, autocast or labels= of its own, samples
+        counted), class logits against one target per sample, and a window of one micro-batch that nothing
+        weights, syncs or retries."""
+        forward, accumulator = self.forward, self.accumulator
+        options = getattr(forward, "keywords", None)
+        if (getattr(forward, "func", None) is not forward_micro_batch or options is None
+                or set(options) - {"device", "split", "loss_fn", "count", "ignore_index", "reduction", "autocast"}
+                or options.get("split", split_batch) is not split_batch or options.get("loss_fn") is not None
+                or options.get("count", "samples") != "samples" or options.get("reduction", "mean") != "mean"
+                or options.get("autocast") is not None or options.get("ignore_index", -100) != self.ignore_index):
+            return False
+        if (self.splitter is not None or self.window_loss is not None or accumulator.steps != 1
+                or accumulator.scaler is not None or accumulator.max_grad_norm is not None
+                or accumulator.skip_nonfinite or accumulator.distributed
+                or getattr(type(self.model), "no_sync", None) is not None or takes_labels(self.model)):
+            return False
+        if (micro.model_loss or micro.reduction != "mean" or micro.loss is None
+                or type(micro.outputs) is not torch.Tensor or micro.outputs.dim() != 2
+                or type(micro.targets) is not torch.Tensor or micro.targets.dim() != 1):
+            return False
+        self._plain_to = options.get("device")
+        return True
+
+    def _plain_window(self, batch: Any) -> bool:
+        """One batch as one window, the way a hand-written loop does it (forward, cross-entropy, backward, step),
+        when :meth:`_plain_decided` allowed it and the batch is an ``(inputs, targets)`` pair of tensors with
+        one target per sample: the same arithmetic as :meth:`micro_batch` and :meth:`finish`, with none of
+        their checks of what the batch and the model's outputs are. False (nothing done) for any other batch."""
+        if (type(batch) is not list and type(batch) is not tuple) or len(batch) != 2:
+            return False
+        inputs, targets = batch
+        if type(inputs) is not torch.Tensor or type(targets) is not torch.Tensor or targets.dim() != 1:
+            return False
+        items = targets.shape[0]
+        if not items:
+            return False
+        to = self._plain_to
+        if to is not None and (inputs.device != to or targets.device != to):
+            inputs, targets = move_to_device(inputs, to), move_to_device(targets, to)
+        accumulator, step = self.accumulator, self.accumulator.optimizer_steps + 1
+        outputs = self.model(inputs)
+        if type(outputs) is torch.Tensor and outputs.dim() == 2:
+            loss = cross_entropy(outputs, targets, ignore_index=self.ignore_index)
+            if self.stream is not None and self.stream.limit is not None:
+                self.stream.add(targets)
+            accumulator.backward_and_step(loss, count=items)
+            loss = loss.detach()
+            self.metrics.mean("loss").update_loss(loss, items)
+            if self.counts_accuracy:
+                self.metrics.accuracy("accuracy", ignore_index=self.ignore_index).update(outputs, targets)
+            if self.loss_guard is not None:
+                self.loss_guard.observe(loss, step)
+            return True
+        # outputs of another kind than the first batch's: the general rules from here
+        micro = micro_batch_of(self.model, inputs, outputs, targets, items, None, 0, False, None, self.ignore_index,
+                               "mean")
+        if self.stream is not None and self.stream.limit is not None:
+            self.stream.add(micro.targets)
+        if micro.loss is None:
+            accumulator.backward_empty(micro.outputs)
+        else:
+            accumulator.backward(micro.loss, count=micro.count, reduction=micro.reduction)
+        self._count(micro, step)
+        self.finish()
+        return True
 
     def finish(self) -> bool:
         """The window's optimizer step; a skipped (non-finite) step's losses are not averaged in."""

@@ -187,6 +187,7 @@ class Trainer:
             fit.folder.progress.advance(start)
         fit.stream.start_epoch()
         unsized = fit.strategy.enabled and length(loader) is None  # every process must end on the same batch
+        fire, advance = fit.callbacks.fire, fit.folder.progress.advance
         interrupt.armed = True
         for batch, last_batch in loader.with_last():  # the last batch is known without len()
             if unsized:
@@ -194,7 +195,9 @@ class Trainer:
             if step.add(batch, last=last_batch):  # the batch ended a window: the optimizer stepped
                 if step.splitter is not None:  # batch_size="auto": a micro-batch halved is said once
                     fit.report_halvings()
-                self._fire(fit, "on_step_end")  # log cadence, periodic checkpoint, then the user's callbacks
+                logged = fire("on_step_end")  # log cadence, periodic checkpoint, then the user's callbacks
+                if logged:
+                    self._record_logged(fit, logged)
                 # a preemption signal rides the next windows' count all-reduce: every process stops here together
                 accumulator.stop_requested = interrupt.preempted is not None
                 if interrupt.requested or accumulator.stop_agreed:  # held until this step: the state is exact
@@ -204,7 +207,7 @@ class Trainer:
                     if interrupt.requested:
                         raise KeyboardInterrupt
                     raise Preempted(signal_name=interrupt.preempted or "a signal to another process")
-            fit.folder.progress.advance()
+            advance()
         interrupt.armed = False
         if not loader.batches_done:
             if unsized:
@@ -219,8 +222,12 @@ class Trainer:
         """The policies and callbacks of ``event``; the metrics callbacks log are written at the current step."""
         logged = fit.callbacks.fire(event)
         if logged:
-            fit.folder.record({"kind": "metric", "epoch": fit.counters.epoch,
-                               "step": fit.state.accumulator.optimizer_steps, **logged})
+            self._record_logged(fit, logged)
+
+    @staticmethod
+    def _record_logged(fit: Fit, logged: dict[str, float]) -> None:
+        fit.folder.record({"kind": "metric", "epoch": fit.counters.epoch, "step": fit.state.accumulator.optimizer_steps,
+                           **logged})
 
     # -- evaluation ----------------------------------------------------------------------------------
 

@@ -120,3 +120,14 @@ def test_trainer_adds_few_torch_operations_per_step():
     # check; the defaults add the accuracy count (argmax, eq, ne, stack, sum, add) and the gradient check
     assert sides["trainer-off"]["added_operations"] <= 2.5, sides["trainer-off"]
     assert sides["trainer"]["added_operations"] <= 9, sides["trainer"]
+
+
+@pytest.mark.slow
+def test_a_trainer_with_the_users_optimizer_adds_few_python_calls_per_step():
+    """Everything optional off, the user's own Adam: a window of one (inputs, targets) batch takes TrainStep's
+    plain way (the Trainer's loop, the step, the backward and step, the loss counted and kept for the
+    non-finite check, the log cadence), 32 calls a step before it."""
+    report = step_work.measure(["minimal", "minimal-adam", "trainer-adam-off"])
+    sides = report["sides"]
+    added = sides["trainer-adam-off"]["calls"] - sides["minimal-adam"]["calls"]
+    assert added <= 15, sides["trainer-adam-off"]

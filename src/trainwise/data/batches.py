@@ -231,8 +231,18 @@ def _outputs_and_loss(model: Any, inputs: Any, targets: Any, items: Any, shifted
                       signature: _Signature, loss_fn: Callable[[Any, Any], torch.Tensor] | None, ignore_index: int,
                       reduction: str) -> MicroBatch:
     """Call the model and compute the loss (inside the forward's autocast), for :func:`forward_micro_batch`."""
-    labels_passed = signature.takes_labels and targets is not None
     outputs = _call(model, inputs, targets, signature)
+    return micro_batch_of(model, inputs, outputs, targets, items, shifted, shift, signature.takes_labels, loss_fn,
+                          ignore_index, reduction)
+
+
+def micro_batch_of(model: Any, inputs: Any, outputs: Any, targets: Any, items: Any, shifted: Any, shift: int | None,
+                   labels: bool, loss_fn: Callable[[Any, Any], torch.Tensor] | None, ignore_index: int,
+                   reduction: str) -> MicroBatch:
+    """The :class:`MicroBatch` of what ``model`` returned for ``inputs``: its loss by the rule in the module
+    docstring (``items``: the counted items; ``shift``: the model's label shift, None until measured;
+    ``labels``: whether the model takes ``labels=``)."""
+    labels_passed = labels and targets is not None
     own_loss, logits = model_loss_and_logits(outputs, labels_passed=labels_passed)
     if logits is None and loss_fn is not None:
         logits = outputs  # a loss_fn of the user's own reads whatever the model returned
