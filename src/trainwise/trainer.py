@@ -187,7 +187,8 @@ class Trainer:
             fit.folder.progress.advance(start)
         fit.stream.start_epoch()
         unsized = fit.strategy.enabled and length(loader) is None  # every process must end on the same batch
-        fire, advance = fit.callbacks.fire, fit.folder.progress.advance
+        fire, progress = fit.callbacks.fire, fit.folder.progress
+        advance = progress.advance if getattr(progress, "enabled", True) else None  # progress="off": no call a batch
         interrupt.armed = True
         for batch, last_batch in loader.with_last():  # the last batch is known without len()
             if unsized:
@@ -199,15 +200,17 @@ class Trainer:
                 if logged:
                     self._record_logged(fit, logged)
                 # a preemption signal rides the next windows' count all-reduce: every process stops here together
-                accumulator.stop_requested = interrupt.preempted is not None
-                if interrupt.requested or accumulator.stop_agreed:  # held until this step: the state is exact
+                preempted = accumulator.stop_requested = interrupt.preempted is not None
+                # held until this step, so the state is exact; one process agrees with itself (no property call)
+                if interrupt.requested or (accumulator.stop_agreed if accumulator.distributed else preempted):
                     if fit.checkpoint_step != accumulator.optimizer_steps:
                         fit.checkpoint()
                     fit.saved = self.config.checkpoints
                     if interrupt.requested:
                         raise KeyboardInterrupt
                     raise Preempted(signal_name=interrupt.preempted or "a signal to another process")
-            advance()
+            if advance is not None:
+                advance()
         interrupt.armed = False
         if not loader.batches_done:
             if unsized:
