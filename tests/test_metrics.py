@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from trainwise import Accuracy, Mean, MetricSet, Trainer, TrainwiseError
+from trainwise.metrics import HOST_COMPARE_MAX
 
 
 def _reference_accuracy(model, x, y):
@@ -178,10 +179,11 @@ def _dispatched(fn) -> list[str]:
 
 
 @pytest.mark.parametrize("on_host", [True, False], ids=["cpu", "device-path"])
-@pytest.mark.parametrize("shape", [(16,), (4, 6), ()])
+@pytest.mark.parametrize("shape", [(16,), (HOST_COMPARE_MAX + 1,), (4, 6), ()])
 def test_accuracy_update_is_few_kernels_and_exact_with_ignored_targets(shape, on_host):
     # each kernel is a few microseconds of a CPU training step: argmax, one comparison, one sum, and on an
-    # accelerator one add (on the CPU the counts are read back and added on the host instead)
+    # accelerator one add (on the CPU the counts are read back and added on the host instead, and a small batch
+    # of one target per sample is compared as Python lists after the argmax)
     torch.manual_seed(0)
     acc, logits_seen, targets_seen = Accuracy(), [], []
     acc._on_host = on_host  # False: the accelerator's path (counts kept on the device), run on CPU tensors
@@ -196,6 +198,8 @@ def test_accuracy_update_is_few_kernels_and_exact_with_ignored_targets(shape, on
             ops.remove("_local_scalar_dense") if on_host else None
         if step:  # the first call also makes its buffers
             expected_ops = ["argmax", "eq"] + (["sum"] if shape != () else []) + ([] if on_host else ["add_"])
+            if on_host and len(shape) == 1 and shape[0] <= HOST_COMPARE_MAX:
+                expected_ops = ["argmax"]
             assert ops == sorted(expected_ops)
         if step == 2:
             acc.compute()  # a read in the middle: later counts add to what was folded
@@ -252,3 +256,23 @@ def test_accuracy_with_an_ignore_index_that_is_a_class_masks_it():
     acc = Accuracy(ignore_index=1)
     acc.update(torch.tensor([[0.0, 5.0], [5.0, 0.0], [5.0, 0.0]]), torch.tensor([1, 0, 1]))
     assert acc.compute() == 1.0  # the one non-ignored target, predicted right; the predicted 1s are not counted
+
+
+@pytest.mark.parametrize("ignore_index", [-100, None, 5, 2])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32])
+def test_a_small_batch_compared_on_the_host_counts_what_the_tensor_comparison_counts(ignore_index, dtype):
+    """Batches of one target per sample, below and above HOST_COMPARE_MAX, ignored targets among them (an
+    ignore_index that is a class, 2, takes the masked tensor path): the same correct and counted items as the
+    accelerator's tensor path, to the bit."""
+    torch.manual_seed(3)
+    host, device = Accuracy(ignore_index=ignore_index), Accuracy(ignore_index=ignore_index)
+    device._on_host = False
+    for size in (1, 7, 64, HOST_COMPARE_MAX, HOST_COMPARE_MAX + 1, 300):
+        logits = torch.randn(size, 5, requires_grad=True)
+        targets = torch.randint(0, 5, (size,))
+        targets[::3] = -100 if ignore_index is None else ignore_index
+        host.update(logits, targets.to(dtype))
+        device.update(logits, targets.to(dtype))
+        assert host.fold().tolist() == device.fold().tolist()
+    total, count = host.fold().tolist()
+    assert 0 < total < count

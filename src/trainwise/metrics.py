@@ -9,6 +9,7 @@ costs one, and sums and counts can be all-reduced across processes exactly befor
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,9 @@ from trainwise.errors import TrainwiseError
 # Devices whose tensors' values Python reads without waiting for a device: a training step's loss and correct
 # count are added on the host there; elsewhere they stay on the device, read once per log interval.
 HOST_READ_DEVICES = frozenset({"cpu"})
+# On those devices a batch of at most this many targets (one per sample) is compared as Python lists: one torch
+# operation (argmax) instead of three; larger batches compare as tensors.
+HOST_COMPARE_MAX = 128
 
 
 def _accumulator_dtype(device: torch.device) -> torch.dtype:
@@ -176,6 +180,13 @@ class Accuracy(Metric):
         on_host = self._on_host and targets.is_cpu
         if self._host_total is not None and not on_host:
             self._sync_total()
+        if (on_host and targets.dim() == 1 and targets.shape[0] <= HOST_COMPARE_MAX and logits.is_cpu
+                and (ignore is None or ignore < 0 or ignore >= logits.shape[-1])):
+            # the ignored index is never predicted, so an ignored target never counts as correct
+            truth = targets.tolist()
+            self._add_on_host(sum(map(operator.eq, logits.argmax(dim=-1).tolist(), truth)))
+            self._host_count += len(truth) - (0 if ignore is None else truth.count(ignore))
+            return
         if ignore is None:
             correct = (logits.argmax(dim=-1) == targets).sum()  # argmax records no graph
             if on_host:
