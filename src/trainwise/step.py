@@ -122,13 +122,16 @@ class TrainStep:
 
     def _forward_backward(self, batch: Any) -> MicroBatch:
         micro = self.forward(self.model, batch)
+        self._backward(micro)
+        return micro
+
+    def _backward(self, micro: MicroBatch) -> None:
         if self.stream is not None and self.stream.limit is not None:  # a worker-loaded stream with a length
             self.stream.add(micro.targets)
         if micro.loss is None:  # no counted item (every token ignored): no gradient, no loss value
             self.accumulator.backward_empty(micro.outputs)
         else:
             self.accumulator.backward(micro.loss, count=micro.count, reduction=micro.reduction)
-        return micro
 
     def _plain_decided(self, micro: MicroBatch) -> bool:
         """Whether the batches that follow may take the plain way (:meth:`_plain_window`), judged once from the
@@ -188,12 +191,7 @@ class TrainStep:
         # outputs of another kind than the first batch's: the general rules from here
         micro = micro_batch_of(self.model, inputs, outputs, targets, items, None, 0, False, None, self.ignore_index,
                                "mean")
-        if self.stream is not None and self.stream.limit is not None:
-            self.stream.add(micro.targets)
-        if micro.loss is None:
-            accumulator.backward_empty(micro.outputs)
-        else:
-            accumulator.backward(micro.loss, count=micro.count, reduction=micro.reduction)
+        self._backward(micro)
         self._count(micro, step)
         self.finish()
         return True
