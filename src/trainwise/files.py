@@ -56,6 +56,7 @@ class PendingWrite:
 
     def __init__(self, path: Path, temp: Path, file: IO[bytes], existed: bool) -> None:
         self.path, self.temp, self._file, self._existed = path, temp, file, existed
+        self.stat: os.stat_result | None = None  # the written file's, once committed (a rename keeps it)
 
     def commit(self) -> Path:
         """fsync the temporary file, rename it over the target and fsync the folder; a failure removes it and
@@ -63,6 +64,7 @@ class PendingWrite:
         try:
             try:
                 os.fsync(self._file.fileno())
+                self.stat = os.fstat(self._file.fileno())
             finally:
                 self._file.close()
             os.replace(self.temp, self.path)

@@ -314,3 +314,30 @@ def test_the_cli_refuses_a_hostile_entry_with_exit_2_and_no_traceback(tmp_path, 
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert victim.read_bytes() == VICTIM
+
+
+def test_a_run_does_not_read_back_whom_its_own_new_checkpoints_belong_to(tmp_path, monkeypatch):
+    """Each save prunes; the file it has just written is known to be this run's without loading its meta
+    again (a load per save was most of a background save's time on a small model)."""
+    mine = CheckpointManager(tmp_path, keep_last=2, run_id="mine")
+    loads = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    for step in range(1, 7):
+        mine.save({"x": torch.tensor(step)}, step=step, background=step % 2 == 0)
+    mine.wait()
+    assert [p.name for p in mine.checkpoints()] == ["ckpt-step000000005.pt", "ckpt-step000000006.pt"]
+    assert loads == []
+
+
+def test_a_checkpoint_replaced_after_its_save_is_read_again_before_pruning(tmp_path):
+    """The run remembers its own file by size and modification time: another run's file put in its place
+    (same name) is read again, found not to be this run's, and kept."""
+    mine = CheckpointManager(tmp_path, keep_last=1, run_id="mine")
+    mine.save({"x": torch.tensor(1)}, step=1)
+    other = CheckpointManager(tmp_path / "elsewhere", keep_last=1, run_id="other")
+    foreign = other.save({"x": torch.tensor(1), "pad": torch.zeros(64)}, step=1)
+    os.replace(foreign, mine.folder / foreign.name)
+    mine.save({"x": torch.tensor(2)}, step=2)
+    assert [p.name for p in mine.checkpoints()] == ["ckpt-step000000001.pt", "ckpt-step000000002.pt"]
+    assert torch.load(mine.folder / "ckpt-step000000001.pt", weights_only=True)["meta"][RUN_ID_KEY] == "other"

@@ -187,7 +187,11 @@ class CheckpointManager:
 
         def commit() -> None:
             pending.commit()
-            self._owned.pop(path.name, None)
+            written = pending.stat  # this run's file: no need to read its meta back to know it
+            if written is None:
+                self._owned.pop(path.name, None)
+            else:
+                self._owned[path.name] = (written.st_size, written.st_mtime_ns, True)
             metrics = self._metrics({path.name: metric})
             if self._is_complete(path):  # delete nothing unless the new checkpoint reads back
                 self._prune(metrics, keep=path)
