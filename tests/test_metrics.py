@@ -163,6 +163,18 @@ def test_update_loss_weights_a_mean_loss_by_its_count_whatever_its_form(loss, co
     assert not metric.state.requires_grad
 
 
+def test_update_loss_gives_back_the_value_it_read_on_the_host():
+    """A CPU loss on a CPU metric is read once (``item``) to be added; that value comes back, for the Trainer's
+    non-finite check to use instead of keeping the tensor. Any other form gives None."""
+    metric = Mean()
+    assert metric.update_loss(torch.tensor(0.25), 4) == 0.25
+    value = metric.update_loss(torch.tensor(float("nan")), 4)
+    assert value != value  # NaN, as read
+    assert metric.update_loss(torch.tensor(0.5, requires_grad=True), 4) is None  # the general way: not read
+    assert metric.update_loss(torch.tensor(0.5), torch.tensor(4)) is None  # a count on the device
+    assert metric.update_loss(None, 3) is None and metric.update_loss(torch.tensor(1.0), 0) is None
+
+
 def _dispatched(fn) -> list[str]:
     from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -126,26 +126,31 @@ class Mean(Metric):
 
     def update_loss(
         self, loss: torch.Tensor | None, count: torch.Tensor | int | float, reduction: str = "mean"
-    ) -> None:
+    ) -> float | None:
         """Add a loss that means (or sums, ``reduction="sum"``) over ``count`` items; a loss over no item
-        (``None``, or ``count`` 0: every target ignored) adds nothing, so it cannot make the mean NaN."""
+        (``None``, or ``count`` 0: every target ignored) adds nothing, so it cannot make the mean NaN. Returns
+        the loss as a float when it was read on the host to be added (a CPU loss, a metric on the CPU), else
+        None: a caller that wants the value (a non-finite check) needs no second read."""
         if loss is None or (not isinstance(count, torch.Tensor) and count == 0):
-            return
+            return None
         if reduction == "mean":
             if type(count) is int and type(loss) is torch.Tensor and loss.dim() == 0 and not loss.requires_grad:
                 # a training step's own case, without the checks below
                 if self._on_host and loss.is_cpu:  # float64 on the host: total + float(loss) * count, as add_ does
                     total = self._host_total
-                    self._host_total = (self._total.item() if total is None else total) + loss.item() * count
-                else:
-                    if self._host_total is not None:
-                        self._sync_total()
-                    self._total.add_(loss, alpha=count)
+                    value = loss.item()
+                    self._host_total = (self._total.item() if total is None else total) + value * count
+                    self._host_count += count
+                    return value
+                if self._host_total is not None:
+                    self._sync_total()
+                self._total.add_(loss, alpha=count)
                 self._host_count += count
-                return
+                return None
             self.update(loss, count)
         else:
             self.update_sum(loss, count)
+        return None
 
     def update_sum(self, total: torch.Tensor | float, count: torch.Tensor | int | float) -> None:
         """Add a sum over ``count`` items (for a loss computed with ``reduction='sum'``)."""

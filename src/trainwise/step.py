@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from math import isfinite
 from typing import Any, Literal
 
 import torch
@@ -114,11 +115,11 @@ class TrainStep:
         """The micro-batch's loss and accuracy into the metrics, its loss to the guard (``step``: the optimizer
         step it is part of)."""
         loss = None if micro.loss is None else micro.loss.detach()  # detached once for the metric and the guard
-        (self.window_loss or self.metrics.mean("loss")).update_loss(loss, micro.count, micro.reduction)
+        value = (self.window_loss or self.metrics.mean("loss")).update_loss(loss, micro.count, micro.reduction)
         if self.counts_accuracy is not False:  # decided on the first batch; off: no call a step
             self._count_accuracy(micro)
-        if self.loss_guard is not None and loss is not None:
-            self.loss_guard.observe(loss, step)
+        if self.loss_guard is not None and loss is not None and (value is None or not isfinite(value)):
+            self.loss_guard.observe(loss, step)  # a loss read finite on the host can never be the guard's finding
 
     def _forward_backward(self, batch: Any) -> MicroBatch:
         micro = self.forward(self.model, batch)
@@ -182,10 +183,10 @@ class TrainStep:
                 self.stream.add(targets)
             accumulator.backward_and_step(loss, count=items)
             loss = loss.detach()
-            self.metrics.mean("loss").update_loss(loss, items)
+            value = self.metrics.mean("loss").update_loss(loss, items)
             if self.counts_accuracy:
                 self.metrics.accuracy("accuracy", ignore_index=self.ignore_index).update(outputs, targets)
-            if self.loss_guard is not None:
+            if self.loss_guard is not None and (value is None or not isfinite(value)):
                 self.loss_guard.observe(loss, step)
             return True
         # outputs of another kind than the first batch's: the general rules from here
