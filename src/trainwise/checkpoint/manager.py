@@ -192,9 +192,10 @@ class CheckpointManager:
                 self._owned.pop(path.name, None)
             else:
                 self._owned[path.name] = (written.st_size, written.st_mtime_ns, True)
-            metrics = self._metrics({path.name: metric})
+            found = self.checkpoints()  # listed once for the metrics and the pruning
+            metrics = self._metrics({path.name: metric}, found)
             if self._is_complete(path):  # delete nothing unless the new checkpoint reads back
-                self._prune(metrics, keep=path)
+                self._prune(metrics, keep=path, found=found)
 
         if not background:
             commit()
@@ -223,8 +224,10 @@ class CheckpointManager:
                 error.step = self._commit_step  # type: ignore[attr-defined]
             raise error
 
-    def _prune(self, metrics: dict[str, float | None], keep: Path | None = None) -> None:
-        found = [path for path in self.checkpoints() if self.owns(path)]  # never another run's files
+    def _prune(self, metrics: dict[str, float | None], keep: Path | None = None,
+               found: list[Path] | None = None) -> None:
+        found = [path for path in (self.checkpoints() if found is None else found)
+                 if self.owns(path)]  # never another run's files
         # the newest by step, the best, and the one just written (files of a later step are another run's)
         kept = set(found[-self.keep_last:]) | ({keep} if keep is not None else set())
         best = self._best_of(found, metrics)
@@ -290,7 +293,8 @@ class CheckpointManager:
 
     # -- bookkeeping ---------------------------------------------------------------------------------
 
-    def _metrics(self, known_now: Mapping[str, float | None] | None = None) -> dict[str, float | None]:
+    def _metrics(self, known_now: Mapping[str, float | None] | None = None,
+                 found: list[Path] | None = None) -> dict[str, float | None]:
         manifest = self.folder / MANIFEST
         try:
             data = json.loads(manifest.read_text())
@@ -301,7 +305,7 @@ class CheckpointManager:
             metrics = {}
         known = {name: (float(v) if isinstance(v, (int, float)) else None) for name, v in metrics.items()}
         known.update(known_now or {})
-        for path in self.checkpoints():  # a lost or stale manifest: read the metric from the file itself
+        for path in self.checkpoints() if found is None else found:  # a lost or stale manifest: read the file
             if path.name not in known:
                 try:
                     known[path.name] = read_checkpoint(path)["meta"].get("metric")
