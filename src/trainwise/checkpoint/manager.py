@@ -120,7 +120,8 @@ class CheckpointManager:
 
     def owns(self, path: Path) -> bool:
         """Whether the checkpoint at ``path`` is this run's: its meta records this manager's run id (always
-        true without one); read once per file (only its small meta matters; tensors are memory-mapped)."""
+        true without one); read once per file (only its small meta matters; tensors are memory-mapped), and not
+        at all for a file this manager has just saved, while its size and modification time are the saved ones."""
         if self.run_id is ANY_RUN:
             return True
         try:
