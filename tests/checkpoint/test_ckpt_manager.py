@@ -129,3 +129,18 @@ def test_bad_arguments(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(TrainwiseError, match="is a file"):
         CheckpointManager(tmp_path / "file")
+
+
+def test_what_a_killed_run_left_unpruned_is_pruned_before_the_next_save_is_written(tmp_path, monkeypatch):
+    """A run killed between a save and its pruning leaves more than keep_last + 1 checkpoints: the first save
+    of the next run prunes them before it writes (room on a full disk), then prunes after itself as usual."""
+    before = CheckpointManager(tmp_path, keep_last=5, run_id="r")
+    for step in (1, 2, 3):
+        before.save({"x": torch.tensor(step)}, step=step)
+    manager = CheckpointManager(tmp_path, keep_last=1, run_id="r")
+    seen = []
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: seen.append(steps(manager)) or real_save(obj, f))
+    manager.save({"x": torch.tensor(4)}, step=4)
+    manager.save({"x": torch.tensor(5)}, step=5)
+    assert seen == [[3], [4]] and steps(manager) == [5]

@@ -85,6 +85,7 @@ class CheckpointManager:
         self._commit_step: int | None = None
         self._commit_error: BaseException | None = None
         self._complete: dict[str, tuple[int, int]] = {}  # name -> (size, mtime_ns) of a file read whole
+        self._tidied = False  # whether a save has pruned what an earlier, killed run left over
         if tidy:  # tidy=False: only looking (nothing removed)
             self._remove_stale_temp_files()
 
@@ -173,8 +174,10 @@ class CheckpointManager:
                 metric = None  # a NaN is never the best
         self.wait()
         self.folder.mkdir(parents=True, exist_ok=True)
-        if len(self.checkpoints()) > self.keep_last + 1:  # a run killed between a save and its pruning
-            self._prune(self._metrics())
+        if not self._tidied:  # a run killed between a save and its pruning; later saves prune after themselves
+            self._tidied = True
+            if len(self.checkpoints()) > self.keep_last + 1:
+                self._prune(self._metrics())
         path = self.folder / checkpoint_name(step)
         meta = {"step": step, "metric": metric, "monitor": self.monitor}
         if isinstance(self.run_id, str):
