@@ -211,7 +211,7 @@ class BarProgress(PlainProgress):
         self._task = self._progress.add_task(f"epoch {epoch}/{epochs}", total=total, metrics="")
 
     def show(self, values: dict[str, Any]) -> None:
-        """The running metrics, beside the bar at once (the next refresh, a tenth of a second at most)."""
+        """The running metrics, beside the bar at once (the next refresh, a quarter of a second at most)."""
         if self._task is not None:
             self._progress.update(self._task, metrics=_format(values))
 
