@@ -328,3 +328,18 @@ def test_a_batch_on_the_bar_makes_no_call_into_rich(monkeypatch, clock):
         assert " 100/100 " in _screen(bar, stream)
     finally:
         bar.close()
+
+
+def test_a_drawing_that_read_a_task_the_next_epoch_removed_draws_on(monkeypatch, clock):
+    """rich draws on its own thread: one that read the epoch's task just before the next epoch removed it must
+    not fail (a failure there would end the thread that draws the bar)."""
+    bar, _ = _bar(monkeypatch)
+    try:
+        bar.start_epoch(1, 2, 4)
+        removed = bar._task
+        bar.start_epoch(2, 2, 4)
+        monkeypatch.setattr(bar, "_task", removed)  # what the drawing thread read
+        assert list(bar._progress.get_renderables())
+    finally:
+        bar._task = None
+        bar.close()

@@ -8,6 +8,7 @@ and the epoch's length; none while the length is unknown).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -187,7 +188,8 @@ class BarProgress(PlainProgress):
             def get_renderables(self) -> Any:
                 task = bar._task  # None while an epoch's task is replaced (add_task draws the bar too)
                 if task is not None:
-                    self.update(task, completed=timer.done)
+                    with contextlib.suppress(KeyError):  # removed by the next epoch's start since it was read
+                        self.update(task, completed=timer.done)
                 yield from super().get_renderables()
 
         self.console = Console(file=self.stream)
