@@ -556,7 +556,11 @@ class _GuardedForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         guard = self.guard
         if not guard._forward_work and (self.model.training or not guard._eval_work):  # no check to call
-            return self._plain(args, kwargs)
+            try:  # _plain, without its frame: this is every unwatched forward
+                return self.original(*args, **kwargs)
+            except Exception as error:
+                self.failed(args, kwargs, error)
+                raise
         if torch.compiler.is_compiling():  # traced by torch.compile: the checks run eagerly (a graph break each),
             self.eager_pre(args, kwargs)   # where they read the forward_every schedule (the step count is not
             output = self.original(*args, **kwargs)  # read in traced code: dynamo would recompile every step)
