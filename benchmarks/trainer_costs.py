@@ -1,5 +1,6 @@
-"""What each part of the Trainer costs per step, timed in one process: the user's loop, then the same loop with
-trainwise's pieces taken one at a time, the Trainer with everything optional off, and each option turned on alone.
+"""What each part of the Trainer costs per step and per run, timed in one process: the user's loop, then the same
+loop with trainwise's pieces taken one at a time, the Trainer with everything optional off, and each option turned
+on alone.
 
 `benchmarks/overhead.py` times whole sides in fresh processes, whose spread on a shared machine is as large as
 the differences; here every side runs in the same process, in a random order within each round, and each
@@ -7,7 +8,9 @@ round's ratio to the base side is taken, so slow phases of the machine hit both 
 train the small MLP of `overhead.py` with the same `torch.optim.Adam` (the user's own optimizer: no fused
 kernel on either side), on CPU, one thread; per step is the mean interval between optimizer steps inside each
 epoch (process CPU time; epoch ends left out, so an option's epoch-end work shows only where it runs on a
-thread during the next epoch, as the checkpoint commit does).
+thread during the next epoch, as the checkpoint commit does), and the whole run is the process CPU time of the
+side's call (set-up, epoch ends and every thread included: where an option's epoch-end work, a checkpoint or
+the plot, shows).
 
     python benchmarks/trainer_costs.py                       # 15 rounds of every side, about 2 minutes
     python benchmarks/trainer_costs.py --rounds 25 --json
@@ -42,6 +45,7 @@ import random
 import statistics
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -231,37 +235,47 @@ def measure(sides: list[str], rounds: int, epochs: int) -> dict[str, Any]:
 
     losses: dict[str, float] = {}
 
-    def once(side: str) -> float:
+    def once(side: str) -> tuple[float, float]:
+        """(per-step CPU seconds, the whole run's CPU seconds) of one run of ``side``."""
         with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stdout(io.StringIO()), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
             options = overhead.RunOptions(epochs=epochs, batch_size=batch_size, seed=0, log_every=50, folder=folder)
+            untrained = overhead._model("small", 0)
             clock.marks, clock.active = [], True
+            start = time.process_time()  # every thread: a checkpoint's background commit too
             try:
-                model = SIDES[side](overhead._model("small", 0), dataset, options)
+                model = SIDES[side](untrained, dataset, options)
             finally:
+                whole = time.process_time() - start
                 clock.active = False
         torch.set_num_threads(1)
         if side not in losses:
             losses[side] = _training_loss(model, dataset)
-        return clock.per_step(epochs)["cpu"]
+        return clock.per_step(epochs)["cpu"], whole
 
     try:
         for side in sides:  # warm-up: lazy imports and first calls outside the rounds
             once(side)
         times: dict[str, list[float]] = {side: [] for side in sides}
+        runs: dict[str, list[float]] = {side: [] for side in sides}
         for _ in range(rounds):
             for side in random.sample(sides, len(sides)):
-                times[side].append(once(side))
+                per_step, whole = once(side)
+                times[side].append(per_step)
+                runs[side].append(whole)
     finally:
         handle.remove()
     report: dict[str, Any] = {"rounds": rounds, "epochs": epochs, "sides": {}, "losses": losses,
                               "same_result": len({round(v, 6) for v in losses.values()}) == 1}
     for side in sides:
         entry = {"us_per_step": statistics.median(times[side]) * 1e6,
-                 "ratio": _ratio(times[side], times[BASE])}
+                 "ratio": _ratio(times[side], times[BASE]),
+                 "ms_per_run": statistics.median(runs[side]) * 1e3,
+                 "run_ratio": _ratio(runs[side], runs[BASE])}
         if side.startswith("+") and "trainer-off" in times:
             entry["ratio_to_trainer_off"] = _ratio(times[side], times["trainer-off"])
+            entry["run_ratio_to_trainer_off"] = _ratio(runs[side], runs["trainer-off"])
         if side in PROBES and side != "probe:none" and "probe:none" in times:
             # per round, this probe's step less the empty probe's: what the added work costs inside a step
             added = statistics.median(a - b for a, b in zip(times[side], times["probe:none"])) * 1e6
@@ -306,14 +320,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    print(f"Per optimizer step, small MLP, the user's Adam, CPU, one thread (torch {torch.__version__}); {args.rounds} "
-          f"rounds of {args.epochs} epochs, per-round ratio median [quartiles]\n")
-    print(f"{'side':<14} {'us/step':>8}  {'vs ' + BASE:<24} vs trainer-off")
+    print(f"Small MLP, the user's Adam, CPU, one thread (torch {torch.__version__}); {args.rounds} rounds of "
+          f"{args.epochs} epochs; per optimizer step, then the whole run; per-round ratio median [quartiles]\n")
+
+    def cell(ratio: dict[str, float] | None) -> str:
+        return f"{ratio['median']:.3f} [{ratio['q1']:.3f}-{ratio['q3']:.3f}]" if ratio else ""
+
+    print(f"{'side':<14} {'us/step':>8}  {'vs ' + BASE:<23} {'vs trainer-off':<23} {'ms/run':>8}  "
+          f"{'vs ' + BASE:<23} vs trainer-off")
     for side, e in report["sides"].items():
-        r = e["ratio"]
-        off = e.get("ratio_to_trainer_off")
-        off_cell = f"{off['median']:.3f} [{off['q1']:.3f}-{off['q3']:.3f}]" if off else ""
-        print(f"{side:<14} {e['us_per_step']:>8.1f}  {r['median']:.3f} [{r['q1']:.3f}-{r['q3']:.3f}]      {off_cell}")
+        print(f"{side:<14} {e['us_per_step']:>8.1f}  {cell(e['ratio']):<23} {cell(e.get('ratio_to_trainer_off')):<23} "
+              f"{e['ms_per_run']:>8.1f}  {cell(e['run_ratio']):<23} {cell(e.get('run_ratio_to_trainer_off'))}")
     probes = {side: e["probe"] for side, e in report["sides"].items() if "probe" in e}
     if probes:
         print("\nthe same work inside a step (the probe's step less probe:none's, per round) and alone (best of 5)")

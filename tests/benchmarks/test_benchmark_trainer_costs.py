@@ -27,10 +27,13 @@ def test_one_round_reports_every_side_and_the_same_result():
     report = costs.measure(sides, rounds=1, epochs=1)
     assert list(report["sides"]) == sides
     for side, entry in report["sides"].items():
-        assert entry["us_per_step"] > 0
-        assert entry["ratio"]["median"] > 0
-        assert ("ratio_to_trainer_off" in entry) == side.startswith("+")
+        assert entry["us_per_step"] > 0 and entry["ms_per_run"] > 0
+        # a whole run holds its steps (64 of them) and more
+        assert entry["ms_per_run"] * 1e3 > 64 * entry["us_per_step"] * 0.9
+        assert entry["ratio"]["median"] > 0 and entry["run_ratio"]["median"] > 0
+        assert ("ratio_to_trainer_off" in entry) == ("run_ratio_to_trainer_off" in entry) == side.startswith("+")
     assert report["sides"]["minimal-adam"]["ratio"]["median"] == 1.0
+    assert report["sides"]["minimal-adam"]["run_ratio"]["median"] == 1.0
     assert report["same_result"], report["losses"]
 
 
