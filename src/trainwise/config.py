@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
 import math
 import os
@@ -69,7 +70,7 @@ class TrainerConfig:
     loggers: list[str] = dataclasses.field(default_factory=lambda: ["jsonl"])  # + "tensorboard", "mlflow"
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(TrainerConfig)
+        hints = _type_hints()
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             setattr(self, field.name, _check_type(field.name, value, hints[field.name]))
@@ -138,6 +139,13 @@ class TrainerConfig:
     def replace(self, **changes: Any) -> TrainerConfig:
         unknown_option(changes)
         return dataclasses.replace(self, **changes)
+
+
+@functools.cache
+def _type_hints() -> dict[str, Any]:
+    """The options' types, evaluated once (the annotations are strings: evaluating them took a millisecond of
+    every Trainer's construction)."""
+    return typing.get_type_hints(TrainerConfig)
 
 
 def max_workers() -> int:
