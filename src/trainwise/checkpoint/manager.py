@@ -192,10 +192,8 @@ class CheckpointManager:
         def commit() -> None:
             pending.commit()
             written = pending.stat  # this run's file: no need to read its meta back to know it
-            if written is None:
-                self._owned.pop(path.name, None)
-            else:
-                self._owned[path.name] = (written.st_size, written.st_mtime_ns, True)
+            assert written is not None, "a commit that returned has the written file's stat"
+            self._owned[path.name] = (written.st_size, written.st_mtime_ns, True)
             found = self.checkpoints()  # listed once for the metrics and the pruning
             metrics = self._metrics({path.name: metric}, found)
             if self._is_complete(path):  # delete nothing unless the new checkpoint reads back
