@@ -21,6 +21,13 @@ two warm-up runs in the same process; the difference over the added steps is the
 periodic check, which ``log_every=50`` puts past these runs' 48 steps), and what is left of the smaller run is
 the set-up and epoch ends (``fixed``: checkpoints, the plot, the diagnosis, the run folder).
 
+``--cache-sim`` runs callgrind's cache simulation (a first-level instruction and data cache and a last-level
+cache of this machine's sizes) and counts estimated cycles instead, ``Ir + 10 x first-level misses + 100 x
+last-level misses`` (valgrind's cycle estimate without branch simulation): code a step runs rarely (cold in
+the cache) then costs more than its instructions; about twice as slow.
+
+    python benchmarks/instructions.py --sides minimal-adam,trainer-adam --cache-sim
+
 Needs valgrind (``apt install valgrind``). Nothing here asserts a count.
 """
 
@@ -40,6 +47,8 @@ SIDES = ("minimal", "guard", "guard-every-8")
 RUN_SIDES = ("minimal-adam", "trainer-adam", "trainer-adam-off")  # whole runs of overhead.py's sides
 WARMUP = 64
 EPOCHS = 2  # of each counted whole run
+L1_MISSES = ("I1mr", "D1mr", "D1mw")  # callgrind's cache-simulation events
+LL_MISSES = ("ILmr", "DLmr", "DLmw")
 
 
 def run_child(side: str, batches: int) -> None:
@@ -122,19 +131,37 @@ def child(side: str, steps: int) -> None:
         guard.close()
 
 
-def measure(side: str, steps: int, folder: str, *, batches: int | None = None) -> int:
-    """Instructions counted inside the measured steps of one side (one valgrind process); a run side counts
-    its whole run over ``batches`` batches."""
+def measure(side: str, steps: int, folder: str, *, batches: int | None = None, cache_sim: bool = False) -> int:
+    """Instructions (or, with ``cache_sim``, estimated cycles) counted inside the measured steps of one side (one
+    valgrind process); a run side counts its whole run over ``batches`` batches."""
     size = ["--steps", str(steps)] if batches is None else ["--batches", str(batches)]
     out = os.path.join(folder, f"{side}-{batches}.callgrind")
     proc = subprocess.run(
         ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=qsort_r",
-         f"--callgrind-out-file={out}", sys.executable, os.path.abspath(__file__), "--child", side, *size],
+         f"--cache-sim={'yes' if cache_sim else 'no'}", f"--callgrind-out-file={out}", sys.executable,
+         os.path.abspath(__file__), "--child", side, *size],
         capture_output=True, text=True, check=False, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    found = re.search(r"Collected : (\d+)", proc.stderr)
-    if proc.returncode != 0 or found is None:
+    events = collected_events(proc.stderr)
+    if proc.returncode != 0 or events is None:
         raise SystemExit(f"the {side} side failed under valgrind ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    return int(found.group(1))
+    return estimated_cycles(events) if cache_sim else events["Ir"]
+
+
+def collected_events(report: str) -> dict[str, int] | None:
+    """callgrind's ``Events : Ir ...`` and ``Collected : 123 ...`` lines (its stderr) as a dict, or None."""
+    names = re.search(r"Events *: *([A-Za-z0-9 ]+)", report)
+    values = re.search(r"Collected *: *([0-9 ]+)", report)
+    if names is None or values is None or len(names.group(1).split()) != len(values.group(1).split()):
+        return None
+    return dict(zip(names.group(1).split(), map(int, values.group(1).split()), strict=True))
+
+
+def estimated_cycles(events: dict[str, int]) -> int:
+    """Ir + 10 x first-level cache misses + 100 x last-level misses (needs callgrind's cache simulation)."""
+    missing = [name for name in ("Ir", *L1_MISSES, *LL_MISSES) if name not in events]
+    if missing:
+        raise SystemExit(f"callgrind reported no {', '.join(missing)}; run it with --cache-sim=yes.")
+    return events["Ir"] + 10 * sum(events[name] for name in L1_MISSES) + 100 * sum(events[name] for name in LL_MISSES)
 
 
 def main() -> int:
@@ -144,6 +171,8 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=8,
                         help="batches of the smaller counted run of a Trainer side (the larger: three times as many)")
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")
+    parser.add_argument("--cache-sim", action="store_true",
+                        help="count estimated cycles (callgrind's cache simulation) instead of instructions")
     parser.add_argument("--child", choices=SIDES + RUN_SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child in RUN_SIDES:
@@ -163,37 +192,45 @@ def main() -> int:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed; install it (apt install valgrind) to count instructions.")
     if sides[0] == RUN_SIDES[0]:
-        return report_runs(sides, args.batches, as_json=args.json)
+        return report_runs(sides, args.batches, as_json=args.json, cache_sim=args.cache_sim)
     with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(max_workers=2) as pool:
-        counts = dict(zip(sides, pool.map(lambda side: measure(side, args.steps, folder), sides), strict=True))
+        counts = dict(zip(sides, pool.map(lambda side: measure(side, args.steps, folder, cache_sim=args.cache_sim),
+                                          sides), strict=True))
     per_step = {side: count / args.steps for side, count in counts.items()}
     base = per_step["minimal"]
     if args.json:
-        print(json.dumps({"steps": args.steps, "per_step": per_step}))
+        print(json.dumps({"steps": args.steps, "counted": _counted(args.cache_sim), "per_step": per_step}))
         return 0
-    print(f"CPU instructions per optimizer step, small MLP, steps {WARMUP}-{WARMUP + args.steps - 1} (callgrind)")
+    print(f"CPU {_counted(args.cache_sim).replace('_', ' ')} per optimizer step, small MLP, steps {WARMUP}-"
+          f"{WARMUP + args.steps - 1} (callgrind)")
     for side, value in per_step.items():
         added = value - base
         print(f"  {side:14s} {value:12,.0f}  {added:+10,.0f}  ({added / base:+.2%})")
     return 0
 
 
-def report_runs(sides: list[str], batches: int, *, as_json: bool) -> int:
+def _counted(cache_sim: bool) -> str:
+    return "estimated_cycles" if cache_sim else "instructions"
+
+
+def report_runs(sides: list[str], batches: int, *, as_json: bool, cache_sim: bool = False) -> int:
     """The Trainer sides: per step from the difference of two run lengths, the rest as fixed work."""
     jobs = [(side, n) for side in sides for n in (batches, 3 * batches)]
     with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(max_workers=2) as pool:
-        counts = dict(zip(jobs, pool.map(lambda job: measure(job[0], 0, folder, batches=job[1]), jobs), strict=True))
+        counts = dict(zip(jobs, pool.map(lambda job: measure(job[0], 0, folder, batches=job[1], cache_sim=cache_sim),
+                                         jobs), strict=True))
     added_steps = 2 * batches * EPOCHS
     figures = {}
     for side in sides:
         per_step = (counts[(side, 3 * batches)] - counts[(side, batches)]) / added_steps
         figures[side] = {"per_step": per_step, "fixed": counts[(side, batches)] - per_step * batches * EPOCHS}
     if as_json:
-        print(json.dumps({"epochs": EPOCHS, "batches": [batches, 3 * batches], "sides": figures}))
+        print(json.dumps({"epochs": EPOCHS, "batches": [batches, 3 * batches], "counted": _counted(cache_sim),
+                          "sides": figures}))
         return 0
     base = figures[sides[0]]
-    print(f"CPU instructions, small MLP, user's Adam, {EPOCHS}-epoch runs of {batches} and {3 * batches} batches "
-          "(callgrind)")
+    print(f"CPU {_counted(cache_sim).replace('_', ' ')}, small MLP, user's Adam, {EPOCHS}-epoch runs of {batches} "
+          f"and {3 * batches} batches (callgrind)")
     print(f"  {'side':18s} {'per step':>12s} {'added':>10s} {'':>9s} {'set-up and epoch ends':>22s} {'added':>12s}")
     for side, figure in figures.items():
         added, fixed = figure["per_step"] - base["per_step"], figure["fixed"] - base["fixed"]

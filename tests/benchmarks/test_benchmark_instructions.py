@@ -36,3 +36,30 @@ def test_trainer_sides_mixed_with_guard_sides_are_refused_in_one_sentence():
                           text=True, timeout=60, check=False)
     assert proc.returncode == 1 and "name only minimal-adam, trainer-adam, trainer-adam-off" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _load_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("instructions_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cache_simulation_counts_are_read_and_weighted_as_valgrind_estimates_cycles():
+    script = _load_script()
+    report = ("==1== Events    : Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw\n"
+              "==1== Collected : 1000 400 200 7 5 3 2 1 1\n==1== \n")
+    events = script.collected_events(report)
+    assert events == {"Ir": 1000, "Dr": 400, "Dw": 200, "I1mr": 7, "D1mr": 5, "D1mw": 3, "ILmr": 2, "DLmr": 1,
+                      "DLmw": 1}
+    assert script.estimated_cycles(events) == 1000 + 10 * (7 + 5 + 3) + 100 * (2 + 1 + 1)
+    assert script.collected_events("==1== Events    : Ir\n==1== Collected : 12345\n") == {"Ir": 12345}
+
+
+def test_a_report_without_the_cache_events_is_refused_in_one_sentence():
+    script = _load_script()
+    with pytest.raises(SystemExit, match="run it with --cache-sim=yes"):
+        script.estimated_cycles({"Ir": 5})
+    assert script.collected_events("valgrind: no such file\n") is None
