@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "instructions.py"
 
@@ -38,17 +39,8 @@ def test_trainer_sides_mixed_with_guard_sides_are_refused_in_one_sentence():
     assert "Traceback" not in proc.stderr
 
 
-def _load_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("instructions_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_cache_simulation_counts_are_read_and_weighted_as_valgrind_estimates_cycles():
-    script = _load_script()
+    script = load_benchmark("instructions", "instructions_benchmark", register=False)
     report = ("==1== Events    : Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw\n"
               "==1== Collected : 1000 400 200 7 5 3 2 1 1\n==1== \n")
     events = script.collected_events(report)
@@ -59,7 +51,7 @@ def test_cache_simulation_counts_are_read_and_weighted_as_valgrind_estimates_cyc
 
 
 def test_a_report_without_the_cache_events_is_refused_in_one_sentence():
-    script = _load_script()
+    script = load_benchmark("instructions", "instructions_benchmark", register=False)
     with pytest.raises(SystemExit, match="run it with --cache-sim=yes"):
         script.estimated_cycles({"Ir": 5})
     assert script.collected_events("valgrind: no such file\n") is None

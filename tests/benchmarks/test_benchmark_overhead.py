@@ -1,22 +1,14 @@
 """benchmarks/overhead.py runs end to end on a tiny run and reports every figure; no time is asserted."""
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "overhead.py"
+from benchmark_scripts import load_benchmark
 
 
 def _overhead():
-    if "overhead_benchmark" not in sys.modules:  # registered first: its dataclass looks its module up
-        spec = importlib.util.spec_from_file_location("overhead_benchmark", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["overhead_benchmark"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["overhead_benchmark"]
+    return load_benchmark("overhead", "overhead_benchmark")
 
 
 def _summary_ok(summary):

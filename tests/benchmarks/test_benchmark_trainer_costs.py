@@ -1,24 +1,11 @@
 """benchmarks/trainer_costs.py runs end to end on one round and checks that its sides do the same work; no time is
 asserted."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from benchmark_scripts import load_benchmark
 
 
 def _costs():
-    if "trainer_costs" not in sys.modules:
-        sys.path.insert(0, str(BENCHMARKS))
-        try:
-            spec = importlib.util.spec_from_file_location("trainer_costs", BENCHMARKS / "trainer_costs.py")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules["trainer_costs"] = module
-            spec.loader.exec_module(module)
-        finally:
-            sys.path.remove(str(BENCHMARKS))
-    return sys.modules["trainer_costs"]
+    return load_benchmark("trainer_costs")
 
 
 def test_one_round_reports_every_side_and_the_same_result():

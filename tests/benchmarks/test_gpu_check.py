@@ -2,7 +2,6 @@
 tokens/s and MFU for both sides; the GPT-2-small shape and the peak table are the ones MFU needs. On a machine
 with CUDA the real check runs too (every CUDA path, with one short timing round)."""
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -11,20 +10,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
     try:
-        spec.loader.exec_module(module)
-        yield module
+        yield load_benchmark("gpu_check")  # registered: dataclasses look their module up while the file executes
     finally:
-        sys.modules.pop(spec.name, None)
+        sys.modules.pop("gpu_check", None)
 
 
 def _report(out: str) -> dict:

@@ -3,32 +3,17 @@ more than a couple of torch operations over the loop a user would write."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import tempfile
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name: str):
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-
-
-step_work = _load("step_work")
-overhead = sys.modules.get("overhead") or _load("overhead")
+step_work = load_benchmark("step_work", register=False)
+overhead = sys.modules.get("overhead") or load_benchmark("overhead", register=False)
 
 SYNCS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
 
