@@ -100,6 +100,31 @@ def test_relative_imports_start_from_the_package(tmp_path):
     assert resolved(program, tmp_path, "pkg/tools/run.py", "helpers.go") == Symbol("pkg/tools/helpers.py", "go")
 
 
+
+def test_star_imports_resolve_to_the_module_that_defines_the_name(tmp_path):
+    """``from .base import *`` in a package's ``__init__.py`` and ``from utils import *`` in a script: a name
+    resolves to the file that defines it (the last star import that has it, as in Python); a name no star
+    module defines, a local name and a builtin resolve to nothing."""
+    write(tmp_path, {
+        "models/__init__.py": "from .base import *\nfrom .heads import *\n",
+        "models/base.py": "class Base:\n    pass\n\n\ndef shared():\n    pass\n",
+        "models/heads.py": "def shared():\n    pass\n",
+        "utils/__init__.py": "",
+        "utils/fit.py": "def fit_one_epoch():\n    pass\n",
+        "train.py": "from models import Base\nfrom utils.fit import *\nfrom models import *\n\n"
+                    "fit_one_epoch()\nshared()\nprint(Base)\n\n\ndef local():\n    fit_one_epoch = 1\n"
+                    "    return fit_one_epoch\n",
+    })
+    program = program_of(tmp_path)
+    assert resolved(program, tmp_path, "train.py", "Base") == Symbol("models/base.py", "Base")
+    assert resolved(program, tmp_path, "train.py", "fit_one_epoch") == Symbol("utils/fit.py", "fit_one_epoch")
+    assert resolved(program, tmp_path, "train.py", "shared") == Symbol("models/heads.py", "shared")
+    assert resolved(program, tmp_path, "train.py", "print") is None
+    ctx = program.context(str(tmp_path / "train.py"))
+    assert ctx is not None
+    inner = [n for n in ast.walk(ctx.tree) if isinstance(n, ast.Name) and n.id == "fit_one_epoch"][-1]
+    assert program.resolve(ctx, inner) is None  # the function's own variable
+
 def test_callers_across_files_and_constants_through_imports(tmp_path):
     write(tmp_path, {
         "config.py": "CKPT = 'weights/best.pth'\nSIZE = 3\nSIZE = 4\n",
@@ -346,3 +371,39 @@ def test_a_run_keeps_the_text_of_the_files_it_may_fix(tmp_path):
     assert results["load.py"].source is not None and results["load.py"].findings[0].fix is not None
     assert results["clean.py"].source is None and results["clean.py"].parsed  # nothing to fix: text dropped
     assert results["broken.py"].source == "def f(:\n"  # a TW900 keeps its text (it is never rewritten)
+
+
+def test_what_builds_a_value_through_factories_and_registries(tmp_path):
+    """``values.built_by`` follows a name to the class that builds its object: through a dict registry of
+    another file subscripted with a constant key, a factory function's ``return``, two assignments that agree,
+    and a moved module (``.to()``); assignments that disagree, a parameter and an unknown key are unknown."""
+    from trainwise.doctor.context.values import built_by
+
+    write(tmp_path, {
+        "zoo/__init__.py": "from .nets import make_small, Large\n\nREGISTRY = {'small': make_small, 'large': Large}\n",
+        "zoo/nets.py": "import torch.nn as nn\n\n\nclass Small(nn.Module):\n    pass\n\n\nclass Large(nn.Module):\n"
+                       "    pass\n\n\ndef make_small(width=4):\n    net = Small()\n    return net\n",
+        "train.py": "import torchvision\nfrom zoo import REGISTRY\n\nkey = 'small'\nif key:\n"
+                    "    a = REGISTRY[key](width=8)\nelse:\n    a = REGISTRY[key]()\n"
+                    "b = REGISTRY['large']().to('cpu')\n"
+                    "c = REGISTRY['small']() if key else REGISTRY['large']()\n"
+                    "if key:\n    d = REGISTRY['small']()\nelse:\n    d = REGISTRY['large']()\n"
+                    "e = REGISTRY['missing']()\nf = torchvision.models.resnet18()\n\n\n"
+                    "def g(model):\n    return model\n",
+    })
+    program = program_of(tmp_path)
+    ctx = program.context(str(tmp_path / "train.py"))
+    assert ctx is not None
+    at = ctx.tree.body[-1]
+
+    def built(name: str, where: ast.AST = at) -> str | None:
+        found = built_by(ctx, ast.Name(id=name, ctx=ast.Load()), where)
+        if found is None:
+            return None
+        return found.cls.name if found.cls is not None else ast.unparse(found.node)
+
+    assert built("a") == "Small"
+    assert built("b") == "Large"
+    assert built("f") == "torchvision.models.resnet18()"
+    assert [built(n) for n in ("c", "d", "e")] == [None, None, None]
+    assert built("model", at.body[0]) is None  # type: ignore[attr-defined]

@@ -13,12 +13,20 @@ from collections.abc import Sequence
 from trainwise.doctor.context import Context
 from trainwise.doctor.program import Program
 from trainwise.doctor.rule import Finding, Rule
-from trainwise.doctor.text import LINE_BREAK
+from trainwise.doctor.text import LINE_BREAK, MAX_SOURCE
 
 PARSE_ERROR = "TW900"
 _NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
 # Set by the tests: a rule that raises makes the run fail instead of becoming a TW900 finding.
 STRICT = os.environ.get("TRAINWISE_DOCTOR_STRICT") == "1"
+
+
+def too_large(path: str, size: int) -> Finding | None:
+    """The ``TW900`` finding that skips a text of ``size`` characters, or None when it is not too large."""
+    if size <= MAX_SOURCE:
+        return None
+    return parse_error(path, f"skipped: {size:,} characters of code, more than the {MAX_SOURCE:,} the doctor "
+                             f"checks in one file")
 
 
 def parse_error(path: str, message: str, line: int = 1, column: int = 1, cell: int | None = None) -> Finding:
@@ -40,6 +48,9 @@ def analyse(source: str, path: str, *, rules: Sequence[type[Rule]],
             program: Program | None = None) -> tuple[list[Finding], bool]:
     """Parse and run ``rules`` in one pass; returns the findings and whether the source parsed. ``program``:
     the other files of the run, for the questions that cross files (a program of this file alone if None)."""
+    skipped = too_large(path, len(source))
+    if skipped is not None:
+        return [skipped], False
     program = Program() if program is None else program
     ctx = program.parsed(path, source)
     if ctx is None:
@@ -56,6 +67,8 @@ def analyse(source: str, path: str, *, rules: Sequence[type[Rule]],
         if STRICT:
             raise
         return [parse_error(path, f"internal error while checking this file: {type(exc).__name__}: {exc}")], True
+    if not findings:
+        return findings, True  # nothing to look up: the text is not split into lines for noqa
     findings.sort(key=Finding.sort_key)
     return apply_noqa(findings, LINE_BREAK.split(source)), True
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from trainwise.doctor.analysis import analyse, parse, parse_error
+from trainwise.doctor.analysis import analyse, parse, parse_error, too_large
 from trainwise.doctor.rule import Finding, Rule
 
 if TYPE_CHECKING:
@@ -101,16 +101,29 @@ class _Scanner:
     def help_line(self, text: str) -> bool:
         """``obj?``, ``obj.attr??`` or ``?obj`` (``%pinfo obj`` is a magic): at statement start, the code of
         the line (its comment left out, strings skipped) begins or ends with ``?``, which no Python line does."""
+        if "?" not in text:
+            return False  # most lines: no need to scan them
         probe = _Scanner()
         last = probe.feed(text)
         return last == "?" and probe.at_statement_start()
 
     def feed(self, text: str) -> str:
-        """Advance over one line; return its last character of code (outside strings and comments)."""
+        """Advance over one line; return its last character of code (outside strings and comments). Runs of
+        characters that change nothing but the last one are skipped at once (a regular expression)."""
         last = ""
         i, n = 0, len(text)
         self.backslash = False
+        plain = _PLAIN_RUN.match
         while i < n:
+            if not self.quote:
+                run = plain(text, i)
+                if run is not None:
+                    code = run.group().rstrip()
+                    if code:
+                        last = code[-1]
+                    i = run.end()
+                    if i >= n:
+                        break
             if self.quote:
                 end = self._string_end(text, i)
                 if end < 0:
@@ -143,16 +156,24 @@ class _Scanner:
     def _string_end(self, text: str, i: int) -> int:
         """Index just past the closing delimiter of the open string, or -1 if it goes on past this line."""
         quote = self.quote
-        n = len(text)
-        while i < n:
-            ch = text[i]
-            if ch == "\\":
-                i += 2
+        search = _STRING_STOPS[quote[0]].search
+        while True:
+            stop = search(text, i)
+            if stop is None:
+                return -1
+            i = stop.start()
+            if text[i] == "\\":
+                i += 2  # an escaped character, whatever it is
                 continue
             if text.startswith(quote, i):
                 return i + len(quote)
             i += 1
-        return -1
+
+
+# Characters the scanner passes over one by one to no effect but to be the last of the line's code; and, inside a
+# string, where it may end (its quote, or a backslash escaping what follows).
+_PLAIN_RUN = re.compile(r"[^#'\"()\[\]{}\\]+")
+_STRING_STOPS = {"'": re.compile(r"['\\]"), '"': re.compile(r'["\\]')}
 
 
 def check_notebook(data: bytes, path: str, *, rules: Sequence[type[Rule]],
@@ -166,8 +187,12 @@ def check_notebook(data: bytes, path: str, *, rules: Sequence[type[Rule]],
     errors: list[Finding] = []
     alone_checked = False
     taken_out = 0
+    reparsed = 0  # characters parsed again after taking cells out
     while True:
         joined = join_cells(cells)
+        skipped = too_large(path, len(joined.source))
+        if skipped is not None:
+            return [skipped], False
         findings, parsed = analyse(joined.source, path, rules=rules, program=program)
         broken = [f for f in findings if f.code == "TW900"] if not parsed else []
         for finding in findings:
@@ -191,7 +216,8 @@ def check_notebook(data: bytes, path: str, *, rules: Sequence[type[Rule]],
         bad_cell = broken[0].cell
         remaining = [(n, s) for n, s in cells if n != bad_cell]
         taken_out += 1
-        if len(remaining) == len(cells) or taken_out > _MAX_TAKEN_OUT:
+        reparsed += len(joined.source)
+        if len(remaining) == len(cells) or taken_out > _MAX_TAKEN_OUT or reparsed > _MAX_REPARSED:
             return sorted(errors, key=Finding.sort_key), False  # cannot tell which cell, or too many: give up
         cells = remaining
 
@@ -199,6 +225,7 @@ def check_notebook(data: bytes, path: str, *, rules: Sequence[type[Rule]],
 # Cells that parse alone but not together, should there be any, are taken out one at a time; past this many
 # the rest of the notebook is left unchecked rather than parsed again and again.
 _MAX_TAKEN_OUT = 100
+_MAX_REPARSED = 50_000_000  # nor parsed again past this many characters in all (a huge notebook: fewer times)
 
 
 def _broken_cells(cells: Sequence[tuple[int, str]], path: str) -> list[Finding]:

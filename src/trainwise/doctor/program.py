@@ -26,6 +26,7 @@ alone (``check_source``, ``check_file``) is a program of one file: every cross-f
 from __future__ import annotations
 
 import ast
+import heapq
 import os
 import re
 from collections import OrderedDict
@@ -33,8 +34,9 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from trainwise.doctor.context import Context, dotted
+from trainwise.doctor.context import Context, dotted, position
 from trainwise.doctor.rule import Related, column_of
+from trainwise.doctor.text import MAX_SOURCE
 
 if TYPE_CHECKING:
     from trainwise.doctor.notebook import NotebookSource
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
 # Source text kept parsed at once (an ast with its index takes about 30 times its text): enough for real
 # projects; a larger run parses a file again when a later question needs it.
 _BUDGET = 4 << 20
+_TEXT_BUDGET = 16 << 20  # characters of source text kept read (a text takes a fiftieth of its parsed file)
 _REEXPORT_DEPTH = 5  # `from .utils_fit import fit` in a package's __init__.py, followed this many times
 _MAX_SITES = 64  # call sites of one function from other files, at most
 # An import statement in a file's text (a cheap filter before parsing: it may match inside a string too).
@@ -83,6 +86,8 @@ class _ModuleInfo:
     imports: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
     constants: dict[str, object] = field(default_factory=dict)
     module_classes: frozenset[str] = frozenset()
+    stars: list[tuple[tuple[str, ...], str]] = field(default_factory=list)  # `from .base import *`, in order
+    variables: set[str] = field(default_factory=set)  # names assigned at the top (`MODELS = {...}`)
 
 
 class Program:
@@ -111,17 +116,29 @@ class Program:
                     break
                 folder = parent
         self._contexts: OrderedDict[str, Context] = OrderedDict()
+        self._rank = {path: i for i, path in enumerate(self.paths)}  # the order the run checks its files in
+        self._checked: set[str] = set()  # files whose own check has started
+        self._kept_checked: OrderedDict[str, None] = OrderedDict()  # kept files of _checked, as _contexts orders them
+        self._unchecked: list[tuple[int, str]] = []  # heap of (-rank, path) of kept files not checked yet (stale too)
         self._kept = 0
-        self._texts: dict[str, SourceText] = {}  # notebooks' cell maps (small), for places in them
+        self._texts: dict[str, SourceText] = {}  # texts read: notebooks' (with cell maps), others' within a budget
+        self._text_room = _TEXT_BUDGET  # characters of texts that are not notebooks' still to keep
         self._unreadable: set[str] = set()
         self._infos: dict[str, _ModuleInfo] = {}
         self._bases: dict[str, tuple[str, ...]] = {}
         self._resolved: dict[tuple[str, str], Symbol | None] = {}
-        self._callers: dict[tuple[str, str], list[tuple[str, int, int]]] = {}  # (file, function) -> calls
+        # (file, function) -> its calls from other files: (indexing order of the calling file, order of the call
+        # there, calling file, line, column); sorted when read, since a file may be indexed after its turn
+        self._callers: dict[tuple[str, str], list[tuple[int, int, str, int, int]]] = {}
+        self._pending: dict[str, int] = {}  # files whose turn to be indexed came, not indexed yet: their turn
+        self._turns = 0  # files given a turn to be indexed so far
         self._call_indexed: set[str] = set()  # files whose calls are in _callers
+        self._module_importers_indexed: set[str] = set()  # files whose module's importers are all in _callers
+        self._sealed: dict[str, str | None] = {}  # path -> _sealed_folder(path)
         self._imported: dict[str, set[str]] | None = None
         self._gathered: dict[str, list[object]] = {}
         self._remembered: dict[Hashable, object] = {}
+        self._holding: dict[tuple[str, str], bool] = {}  # (path, needle) -> whether its text holds it
 
     # ------------------------------------------------------------------------------------------------ files
     def adopt(self, ctx: Context) -> Context:
@@ -134,10 +151,15 @@ class Program:
         return ctx
 
     def parsed(self, path: str, source: str) -> Context | None:
-        """The ``Context`` of ``path`` if the program holds one for this very text, else None."""
+        """The ``Context`` of ``path`` if the program holds one for this very text, else None. Asked when the
+        file's own check starts: from then on it is the first to be dropped (see ``_keep``)."""
+        self._checked.add(path)
         ctx = self._contexts.get(path)
+        if ctx is not None:
+            self._kept_checked[path] = None
         if ctx is not None and ctx.source == source:
             self._contexts.move_to_end(path)
+            self._kept_checked.move_to_end(path)
             return ctx
         return None
 
@@ -147,12 +169,14 @@ class Program:
         ctx = self._contexts.get(path)
         if ctx is not None:
             self._contexts.move_to_end(path)
+            if path in self._kept_checked:
+                self._kept_checked.move_to_end(path)
             return ctx
         if path in self._unreadable or self._reader is None or path not in self._absolute:
             return None
-        text = self._reader(path)
+        text = self._source(path)
         tree = None
-        if text is not None:
+        if text is not None and len(text.text) <= MAX_SOURCE:  # a larger one is skipped by its own check
             try:
                 tree = ast.parse(text.text, filename=path)
             except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -169,14 +193,46 @@ class Program:
 
     def _keep(self, ctx: Context) -> None:
         old = self._contexts.pop(ctx.path, None)
+        self._kept_checked.pop(ctx.path, None)
         if old is not None:
             self._kept -= len(old.source)
+            if old is not ctx:
+                _release(old)  # the same file parsed again (a notebook without its broken cells)
         self._contexts[ctx.path] = ctx
+        if ctx.path in self._checked:
+            self._kept_checked[ctx.path] = None
+        else:
+            heapq.heappush(self._unchecked, (-self._rank.get(ctx.path, len(self._rank)), ctx.path))
         self._kept += len(ctx.source)
         while self._kept > self._budget and len(self._contexts) > 1:
-            _, dropped = self._contexts.popitem(last=False)
+            victim = self._victim(ctx.path)
+            dropped = self._contexts.pop(victim)
+            self._kept_checked.pop(victim, None)
             self._kept -= len(dropped.source)
             _release(dropped)
+
+    def _victim(self, newest: str) -> str:
+        """The kept file to drop: the least recently used of those already checked, else the one checked last
+        in the run. A question across files parses many files at once (every file that saves a state dict):
+        dropping the least recently used would keep those checked last and drop, one by one, each file just
+        before its own check parsed it again; this keeps the next ones (the runs of the dev sets parsed a
+        third fewer files)."""
+        for path in self._kept_checked:  # least recently used first
+            if path != newest:
+                return path
+        heap, held, found = self._unchecked, [], newest
+        while heap:
+            _, path = heap[0]
+            if path not in self._contexts or path in self._checked:
+                heapq.heappop(heap)  # dropped or checked since: a stale entry
+            elif path == newest:
+                held.append(heapq.heappop(heap))  # kept: it is the file asked for now
+            else:
+                found = path
+                break
+        for entry in held:
+            heapq.heappush(heap, entry)
+        return found
 
     def close(self) -> None:
         """Drop every kept context (a run that ends), so that their memory is freed without waiting for the
@@ -184,6 +240,8 @@ class Program:
         for ctx in self._contexts.values():
             _release(ctx)
         self._contexts.clear()
+        self._kept_checked.clear()
+        self._unchecked.clear()
         self._kept = 0
 
     def place(self, ctx: Context, node: ast.AST, message: str) -> Related:
@@ -224,6 +282,7 @@ class Program:
                 info.classes[stmt.name] = info.classes.get(stmt.name, 0) + 1
             elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
                 name = stmt.targets[0].id
+                info.variables.add(name)
                 value = ctx.constant(stmt.targets[0])
                 if value is not ... and len(ctx.bindings.get((tree, name), ())) == 1:
                     info.constants[name] = value
@@ -235,7 +294,7 @@ class Program:
                 else:
                     top = alias.name.split(".")[0]
                     info.imports.setdefault(top, ((), top))
-        for node in ctx.nodes(ast.ImportFrom):
+        for node in sorted(ctx.nodes(ast.ImportFrom), key=position):  # in source order: a later import wins
             level, module = node.level, node.module  # type: ignore[attr-defined]
             if level:
                 base = folder
@@ -250,6 +309,8 @@ class Program:
                 if alias.name != "*":
                     target = f"{module}.{alias.name}" if module else alias.name
                     info.imports[alias.asname or alias.name] = (bases, target)
+                elif module:
+                    info.stars.append((bases, module))
         return info
 
     def _search_bases(self, path: str) -> tuple[str, ...]:
@@ -291,12 +352,23 @@ class Program:
         if info is None:
             return None
         name = rest[0]
-        if name in info.functions or name in info.classes:
+        if name in info.functions or name in info.classes or (name in info.variables and len(rest) == 1):
             return Symbol(path, ".".join(rest))
         imported = info.imports.get(name)
         if imported is not None and depth < _REEXPORT_DEPTH:
             bases, target = imported
             return self._lookup([*target.split("."), *rest[1:]], bases or self._search_bases(path), depth + 1)
+        return self._through_stars(path, info, rest, depth) if imported is None else None
+
+    def _through_stars(self, path: str, info: _ModuleInfo, rest: list[str], depth: int) -> Symbol | None:
+        """A name a module takes with ``from .base import *`` (the last such import that has it wins, as
+        in Python); None when none of them defines it."""
+        if depth >= _REEXPORT_DEPTH:
+            return None
+        for bases, module in reversed(info.stars):
+            found = self._lookup([*module.split("."), *rest], bases or self._search_bases(path), depth + 1)
+            if found is not None and found.name is not None and found.path != path:
+                return found
         return None
 
     def resolve(self, ctx: Context, expr: ast.AST) -> Symbol | None:
@@ -305,18 +377,22 @@ class Program:
         text = dotted(expr)
         if text is None or not self._files:
             return None
+        root, *attrs = text.split(".")
+        if _shadowed(ctx, expr, root):
+            return None  # before the cache: the same text may name a local in one function, an import in another
         key = (ctx.path, text)
         if key in self._resolved:
             return self._resolved[key]
         found = None
-        root, *attrs = text.split(".")
         info = self._info(ctx.path) if ctx.path in self._absolute else self._module_info(ctx)
         imported = info.imports.get(root) if info is not None else None
-        if imported is not None and not _shadowed(ctx, expr, root):
+        if imported is not None:
             bases, target = imported
             found = self._lookup([*target.split("."), *attrs], bases or self._search_bases(ctx.path), 0)
-            if found is not None and found.path == ctx.path:
-                found = None
+        elif info is not None and info.stars:
+            found = self._through_stars(ctx.path, info, [root, *attrs], 0)  # `from utils import *`, then `fit(...)`
+        if found is not None and found.path == ctx.path:
+            found = None
         self._resolved[key] = found
         return found
 
@@ -399,8 +475,22 @@ class Program:
             return kept.source
         if self._reader is None or path in self._unreadable:
             return None
-        text = self._reader(path)
+        text = self._source(path)
         return None if text is None else text.text
+
+    def _source(self, path: str) -> SourceText | None:
+        """What the reader gives for ``path``, kept for the run: a notebook's (its code cells joined, which costs
+        more than reading a file, small beside its JSON) always, other texts while they fit in a budget of their
+        own (each file's text is read by every question that sweeps the run: imports, needles, parses)."""
+        text = self._texts.get(path)
+        if text is None and self._reader is not None:
+            text = self._reader(path)
+            if text is not None and text.notebook is not None:
+                self._texts[path] = text
+            elif text is not None and len(text.text) <= self._text_room:
+                self._texts[path] = text
+                self._text_room -= len(text.text)
+        return text
 
     def callers(self, ctx: Context, fn: ast.AST) -> list[tuple[Context, ast.Call]]:
         """The calls of ``fn`` (a module-level function of ``ctx``'s file) from the other files of the run,
@@ -408,18 +498,21 @@ class Program:
         its module are parsed for it (``_import_index``)."""
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or ctx.scope(fn) is not ctx.tree:
             return []
-        absolute = self._absolute.get(ctx.path)
-        if absolute is None or absolute not in self._files or len(self.paths) < 2:
-            return []
-        index = self._import_index()
-        words = {fn.name, *_module_words(absolute, self._top)}
-        for path in sorted(set().union(*(index.get(w, ()) for w in words)) - {ctx.path}):
-            if path not in self._call_indexed:
-                self._call_indexed.add(path)
-                self._index_calls(path)
-        sites = self._callers.get((ctx.path, fn.name), [])
+        if not self._importers_indexed(ctx, fn.name):
+            sealed = self._sealed_folder(ctx.path)
+            for path in self.importers(ctx, (fn.name,)):
+                if path not in self._call_indexed:
+                    self._call_indexed.add(path)
+                    self._turns += 1
+                    if sealed is not None and not self._absolute[path].startswith(sealed):
+                        self._pending[path] = self._turns  # it cannot import this file: parsed when needed
+                    else:
+                        self._index_calls(path, self._turns)
+            self._module_importers_indexed.add(ctx.path)
+        self._index_pending(ctx.path)
+        sites = sorted(self._callers.get((ctx.path, fn.name), []))
         out = []
-        for path, line, column in sites[:_MAX_SITES]:
+        for _, _, path, line, column in sites[:_MAX_SITES]:
             other = self.context(path)
             if other is None:
                 continue
@@ -428,6 +521,34 @@ class Program:
                     out.append((other, call))
                     break
         return out  # type: ignore[return-value]
+
+    def _importers_indexed(self, ctx: Context, name: str) -> bool:
+        """Whether the calls of every file that may import ``name`` from ``ctx``'s file are indexed already:
+        then ``callers`` need not list (and sort) the files of the run that import the module again, once per
+        function of it (every file of a package imports the package)."""
+        if ctx.path not in self._module_importers_indexed or self._imported is None:
+            return False
+        indexed = self._call_indexed
+        return all(path in indexed or path == ctx.path for path in self._imported.get(name, ()))
+
+    def importers(self, ctx: Context, names: Sequence[str] = (), needle: str = "") -> list[str]:
+        """The other files of the run whose import statements name ``ctx``'s module (or a package or folder
+        above it) or one of ``names``: the files that may use its functions (with ``needle``: only those whose
+        text holds it). Read from their text, nothing parsed."""
+        absolute = self._absolute.get(ctx.path)
+        if absolute is None or absolute not in self._files or len(self.paths) < 2:
+            return []
+        index = self._import_index()
+        words = {*names, *_module_words(absolute, self._top)}
+        found = sorted(set().union(*(index.get(w, ()) for w in words)) - {ctx.path})
+        return [p for p in found if self._holds(p, needle)] if needle else found
+
+    def _holds(self, path: str, needle: str) -> bool:
+        """Whether the text of ``path`` holds ``needle``, read once per run and needle."""
+        key = (path, needle)
+        if key not in self._holding:
+            self._holding[key] = needle in (self._read(path) or "")
+        return self._holding[key]
 
     def _import_index(self) -> dict[str, set[str]]:
         """name -> the files of the run whose import statements mention it (modules, names, aliases), from
@@ -443,8 +564,42 @@ class Program:
                         self._imported.setdefault(word, set()).add(path)
         return self._imported
 
-    def _index_calls(self, path: str) -> None:
-        """Record the calls of ``path`` that reach a module-level function of another file of the run."""
+    def _sealed_folder(self, path: str) -> str | None:
+        """The innermost folder above ``path`` whose name is no Python identifier (``owner+repo``, ``my-app``),
+        with a trailing separator; None when there is none. No import can name such a folder, so no file outside
+        it can reach a function inside it: a run over many repositories need not parse them all to find the
+        callers of one (their words collide: every repository has its ``utils`` and ``models``)."""
+        found = self._sealed.get(path, ...)
+        if found is ...:
+            found = None
+            folder = os.path.dirname(self._absolute.get(path) or _absolute(path))
+            while True:
+                name = os.path.basename(folder)
+                if not name:
+                    break
+                if not name.isidentifier():
+                    found = folder.rstrip(os.sep) + os.sep
+                    break
+                parent = os.path.dirname(folder)
+                if parent == folder:
+                    break
+                folder = parent
+            self._sealed[path] = found
+        return found  # type: ignore[return-value]
+
+    def _index_pending(self, path: str) -> None:
+        """Index the calls of the files whose turn came before but that may import ``path`` (all of them when its
+        folders are all named like modules); their calls keep their turn's place (see ``_callers``)."""
+        if not self._pending:
+            return
+        sealed = self._sealed_folder(path)
+        due = [p for p in self._pending if sealed is None or self._absolute[p].startswith(sealed)]
+        for pending in due:
+            self._index_calls(pending, self._pending.pop(pending))
+
+    def _index_calls(self, path: str, turn: int) -> None:
+        """Record the calls of ``path`` that reach a module-level function of another file of the run, in the
+        place of its ``turn``."""
         ctx = self.context(path)
         info = self._info(path)
         if ctx is None or info is None or not info.imports:
@@ -452,7 +607,7 @@ class Program:
         roots = {name for name in info.imports if self._may_be_local(path, name)}
         if not roots:
             return
-        for call in ctx.nodes(ast.Call):
+        for order, call in enumerate(ctx.nodes(ast.Call)):
             func = call.func  # type: ignore[attr-defined]
             root = func
             while isinstance(root, ast.Attribute):
@@ -463,7 +618,7 @@ class Program:
             if symbol is not None and symbol.name is not None and "." not in symbol.name:
                 info_there = self._info(symbol.path)
                 if info_there is not None and symbol.name in info_there.functions:
-                    site = (path, call.lineno, call.col_offset)  # type: ignore[attr-defined]
+                    site = (turn, order, path, call.lineno, call.col_offset)  # type: ignore[attr-defined]
                     self._callers.setdefault((symbol.path, symbol.name), []).append(site)
 
     def _may_be_local(self, path: str, name: str) -> bool:

@@ -10,6 +10,10 @@ from __future__ import annotations
 import re
 
 LINE_BREAK = re.compile(r"\r\n|\r|\n")
+# A text longer than this (in characters, a notebook's code cells joined) is not checked: one TW900 finding says
+# so. Real files stay far below it (the largest of torch and transformers are under 1 MB); the analysis takes
+# seconds per megabyte, so a generated file of hundreds of megabytes would hold the run for minutes.
+MAX_SOURCE = 10_000_000
 _LINE_WITH_END = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
 
 
@@ -23,4 +27,4 @@ def split_lines(text: str, *, keepends: bool = False) -> list[str]:
     return lines
 
 
-__all__ = ["LINE_BREAK", "split_lines"]
+__all__ = ["LINE_BREAK", "MAX_SOURCE", "split_lines"]

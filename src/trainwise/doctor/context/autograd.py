@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 
 from trainwise.doctor.context.syntax import (
-    _inside,
     dotted,
     is_const,
     names_in,
@@ -67,7 +66,8 @@ class AutogradFacts:
         ``set_grad_enabled(False)``, or in a function decorated with ``no_grad``/``inference_mode``."""
         child = node
         for parent in self.ancestors(node):
-            if isinstance(parent, (ast.With, ast.AsyncWith)) and _inside(child, parent.body):
+            # a direct child of a `with` that is a statement is one of its body (the others are its items)
+            if isinstance(parent, (ast.With, ast.AsyncWith)) and isinstance(child, ast.stmt):
                 if any(self._grad_off(item.context_expr) for item in parent.items):
                     return True
             elif isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import bisect
 import re
+import types
 from collections.abc import Callable
 
 from trainwise.doctor.context.syntax import (
@@ -12,6 +14,7 @@ from trainwise.doctor.context.syntax import (
     is_bound_method,
     last_name,
     position,
+    walk_calls,
     walk_own,
 )
 
@@ -77,6 +80,31 @@ def _loops_of(fn: ast.AST) -> list[ast.AST]:
     return found
 
 
+def cacheable_predicate(predicate: Callable[[ast.Call], bool]) -> bool:
+    """Whether answers about a predicate may be kept with the file: a module-level function (a lambda made per
+    question would never be asked again, and a rule's bound method would tie the rule to the file's context)."""
+    return (isinstance(predicate, types.FunctionType) and predicate.__closure__ is None
+            and predicate.__name__ != "<lambda>")
+
+
+class _OwnCalls:
+    """The calls of one scope's own body in ``walk_own`` order, the positions of the first and last that train,
+    and, for each dotted callee, its calls as (position, rank in that order) sorted by position."""
+
+    def __init__(self, scope: ast.FunctionDef | ast.AsyncFunctionDef | ast.Module) -> None:
+        self.calls = [c for c in walk_own(scope.body) if isinstance(c, ast.Call)]
+        trained = [position(c) for c in self.calls if _trains(c)]
+        self.first_trained = min(trained) if trained else None
+        self.last_trained = max(trained) if trained else None
+        self.by_callee: dict[str, list[tuple[tuple[int, int], int]]] = {}
+        for rank, call in enumerate(self.calls):
+            name = dotted(call.func)
+            if name is not None:
+                self.by_callee.setdefault(name, []).append((position(call), rank))
+        for found in self.by_callee.values():
+            found.sort()
+
+
 class CallGraph:
     """The same-file call graph and the evaluation regions (a part of :class:`Context`)."""
 
@@ -116,12 +144,29 @@ class CallGraph:
         return False
 
     def calls_within(self, container: ast.AST) -> list[ast.Call]:
-        """Every call inside ``container`` (nested functions, lambdas and comprehensions included)."""
-        return [n for n in ast.walk(container) if isinstance(n, ast.Call)]
+        """Every call inside ``container`` (nested functions, lambdas and comprehensions included), in the
+        order of ``ast.walk``; found once per container (the list is shared: do not change it)."""
+        key = ("calls_within", id(container))
+        known = self._cache.get(key)  # type: ignore[arg-type]
+        if known is not None and known[0] is container:  # type: ignore[index]
+            return known[1]  # type: ignore[index, return-value]
+        found = walk_calls(container)
+        self._cache[key] = (container, found)  # type: ignore[index]
+        return found
 
     def helpers_called(self, container: ast.AST, depth: int = 3) -> list[ast.AST]:
         """Same-file functions that code in ``container`` calls, followed transitively up to ``depth`` levels:
-        ``f(...)``, ``self.f(...)``, ``obj.f(...)`` (any function or method of the file named ``f``)."""
+        ``f(...)``, ``self.f(...)``, ``obj.f(...)`` (any function or method of the file named ``f``). Found once
+        per container and depth (the list is shared: do not change it)."""
+        key = ("helpers_called", id(container), depth)
+        known = self._cache.get(key)  # type: ignore[arg-type]
+        if known is not None and known[0] is container:  # type: ignore[index]
+            return known[1]  # type: ignore[index, return-value]
+        found = self._helpers_called(container, depth)
+        self._cache[key] = (container, found)  # type: ignore[index]
+        return found
+
+    def _helpers_called(self, container: ast.AST, depth: int) -> list[ast.AST]:
         seen: dict[int, ast.AST] = {}
         frontier = [container]
         for _ in range(depth):
@@ -152,11 +197,17 @@ class CallGraph:
 
     def reaches_call(self, container: ast.AST, predicate: Callable[[ast.Call], bool], depth: int = 3) -> bool:
         """Whether a call satisfying ``predicate`` happens in ``container`` or in a same-file helper it calls
-        (transitively, ``depth`` levels): "zeroes its gradients in a helper" counts as zeroing them."""
-        for node in (container, *self.helpers_called(container, depth)):
-            if any(predicate(call) for call in self.calls_within(node)):
-                return True
-        return False
+        (transitively, ``depth`` levels): "zeroes its gradients in a helper" counts as zeroing them. Answered
+        once per container, predicate and depth (every evaluation loop of a script asks it of the module)."""
+        key = ("reaches_call", id(container), predicate, depth)
+        known = self._cache.get(key) if cacheable_predicate(predicate) else None  # type: ignore[arg-type]
+        if known is not None and known[0] is container:  # type: ignore[index]
+            return known[1]  # type: ignore[index, return-value]
+        found = any(any(predicate(call) for call in self.calls_within(node))
+                    for node in (container, *self.helpers_called(container, depth)))
+        if cacheable_predicate(predicate):
+            self._cache[key] = (container, found)  # type: ignore[index]
+        return found
 
     def evaluation_regions(self) -> list[tuple[ast.AST, list[ast.Call]]]:
         """Evaluation loops of the file, each with the model calls it runs: a loop over a validation or test
@@ -235,9 +286,25 @@ class CallGraph:
 
     def _after_training(self, site: ast.AST) -> bool:
         """Whether a loop that trains runs before ``site`` in the same scope."""
-        scope = self.scope(site)
-        return any(self.scope(loop) is scope and position(loop) < position(site) and self.reaches_call(loop, _trains)
-                   for tp in (ast.For, ast.While) for loop in self.nodes(tp))
+        first = self._first_training_loop(self.scope(site))
+        return first is not None and first < position(site)
+
+    def _first_training_loop(self, scope: ast.AST) -> tuple[int, int] | None:
+        """The position of the first ``for``/``while`` loop of a scope that trains, found once per scope."""
+        loops = self._cache.get(("loops_by_scope", 0))  # type: ignore[arg-type]
+        if loops is None:
+            loops = {}
+            for tp in (ast.For, ast.While):
+                for loop in self.nodes(tp):
+                    loops.setdefault(id(self.scope(loop)), []).append(loop)
+            for found in loops.values():
+                found.sort(key=position)
+            self._cache[("loops_by_scope", 0)] = loops  # type: ignore[index]
+        key = ("first_training_loop", id(scope))
+        if key not in self._cache:  # type: ignore[operator]
+            self._cache[key] = next((position(loop) for loop in loops.get(id(scope), ())  # type: ignore[union-attr]
+                                     if self.reaches_call(loop, _trains)), None)  # type: ignore[index]
+        return self._cache[key]  # type: ignore[index, return-value]
 
     def _validation_forwards(self, seen: set[int]) -> list[tuple[ast.AST, list[ast.Call]]]:
         """The validation half of a function (or script) that trains without a loop over validation data: a
@@ -253,21 +320,34 @@ class CallGraph:
             scope = self.scope(call)
             if model is None or not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
                 continue
-            own = [c for c in walk_own(scope.body) if isinstance(c, ast.Call)]
-            trained = [c for c in own if _trains(c)]
-            if not trained or not any(position(c) < position(call) for c in trained):
+            own = self._own_calls(scope)
+            if own.first_trained is None or not own.first_trained < position(call):
                 continue
-            last = max(position(c) for c in trained)
+            last = own.last_trained
             loop = self.enclosing_loop(call)
-            for forward in own:
-                if (position(forward) <= position(call) or position(forward) < last or id(forward) in seen
-                        or dotted(forward.func) != model or not self.is_model_call(forward)
-                        or self.enclosing_loop(forward) is not loop):
+            named = own.by_callee.get(model, [])
+            start = max(bisect.bisect_right(named, (position(call), len(own.calls))),
+                        bisect.bisect_left(named, (last, -1)))
+            matches = []
+            for _, rank in named[start:]:
+                forward = own.calls[rank]
+                if id(forward) in seen or not self.is_model_call(forward) or self.enclosing_loop(forward) is not loop:
                     continue
+                matches.append(rank)
+            for rank in sorted(matches):  # in the order of the scope's own walk, as found one by one
+                forward = own.calls[rank]
                 statement = next(a for a in (forward, *self.ancestors(forward)) if isinstance(a, ast.stmt))
                 found.append((statement, [forward]))
                 seen.add(id(forward))
         return found
+
+    def _own_calls(self, scope: ast.FunctionDef | ast.AsyncFunctionDef | ast.Module) -> _OwnCalls:
+        """The calls of a scope's own body (nested definitions left out), indexed once per scope."""
+        key = ("own_calls", id(scope))
+        known = self._cache.get(key)  # type: ignore[arg-type]
+        if known is None:
+            known = self._cache[key] = _OwnCalls(scope)  # type: ignore[index]
+        return known  # type: ignore[return-value]
 
     def _is_evaluation_function(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         name = fn.name
@@ -325,7 +405,7 @@ class CallGraph:
 
     def call_sites(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
         """Calls of a same-file function by its name: ``f(...)``, ``self.f(...)``, ``obj.f(...)``."""
-        return [c for c in self.nodes(ast.Call) if last_name(c.func) == fn.name]  # type: ignore[attr-defined]
+        return list(self.calls_named(fn.name))
 
     def calls_named(self, name: str) -> list[ast.Call]:
         """Every call of the file whose callee's last name is ``name`` (``f(...)``, ``x.f(...)``), indexed once."""

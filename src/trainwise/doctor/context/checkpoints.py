@@ -11,6 +11,8 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from trainwise.doctor.context.checkpoint_paths import Frame, frames_of, path_pattern
+from trainwise.doctor.context.functions import callees, constant_of
 from trainwise.doctor.context.syntax import (
     DEFINITIONS,
     Binding,
@@ -66,13 +68,32 @@ class WrappedSave:
     path_at: ast.AST
 
 
+@dataclass(frozen=True)
+class HelperSave:
+    """A wrapped model's state dict that a function of the file or of the run saves for a call of this file
+    (``writer.write({"net": dp.state_dict()})``, ``save_checkpoint(dp_model, path)``): the call, the
+    ``torch.save`` (in ``callee``) and its function's name, the keys leading to the state dict, how the saved
+    model is named, its key prefix, and the pattern of the file it goes to (``path_pattern``)."""
+
+    call: ast.Call
+    callee: Context
+    save: ast.Call
+    function: str
+    keys: Keys
+    saved: str
+    prefix: str
+    pattern: str
+
+
 class Checkpoints:
     """The state dicts a file saves and loads (see the module docstring)."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self._saves: list[WrappedSave] | None = None
+        self._helper_saves: list[HelperSave] | None = None
         self._strips: bool | None = None
+        self._wraps: bool | None = None
 
     def strips_prefixes(self) -> bool:
         """Whether the file handles wrapper prefixes somewhere (``k.replace("module.", "")``,
@@ -137,6 +158,111 @@ class Checkpoints:
             else:
                 out.append((path, name, prefix, call, save))  # type: ignore[arg-type]
         return out
+
+    # ---------------------------------------------------------------------- saves and loads through helpers
+    def wraps_models(self) -> bool:
+        """Whether the file builds a DataParallel/DDP/compiled wrapper anywhere (a cheap first test)."""
+        if self._wraps is None:
+            self._wraps = any(self.ctx.qualname(c.func) in WRAPPERS for c in self.ctx.nodes(ast.Call))  # type: ignore[attr-defined]
+        return self._wraps
+
+    def helper_saves(self) -> list[HelperSave]:
+        """Each wrapped model's state dict that a function this file calls saves: a method of an instance of a
+        class of the run (``writer.write_checkpoint({"model": dp.state_dict()}, step)`` whose method puts the
+        dict it is given in the saved one) or a function of the file or of the run (``save_checkpoint(dp_model,
+        ...)`` saving ``model.state_dict()``), with the file it saves to as a pattern read for this call."""
+        if self._helper_saves is None:
+            self._helper_saves = found = []
+            if not self.wraps_models():
+                return found
+            for call in self.ctx.nodes(ast.Call):
+                if self.ctx.qualname(call.func) == "torch.save" or not self._passes_models(call):  # type: ignore[attr-defined]
+                    continue
+                for frame in frames_of(self.ctx, call):  # type: ignore[arg-type]
+                    found.extend(self._saves_for(call, frame))  # type: ignore[arg-type]
+        return self._helper_saves
+
+    def _passes_models(self, call: ast.Call) -> bool:
+        """An argument holds a ``state_dict()`` call or is a wrapped model."""
+        for arg in (*call.args, *(k.value for k in call.keywords)):
+            if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "state_dict"
+                   for n in ast.walk(arg)):
+                return True
+            if isinstance(arg, (ast.Name, ast.Attribute)) and self.wrapper_prefix(arg, call) is not None:
+                return True
+        return False
+
+    def _saves_for(self, call: ast.Call, frame: Frame) -> list[HelperSave]:
+        there = frame.ctx.analysis(Checkpoints)
+        out = []
+        for save in walk_own(frame.fn.body):
+            if not isinstance(save, ast.Call) or frame.ctx.qualname(save.func) != "torch.save" or len(save.args) < 2:
+                continue
+            pattern = path_pattern(frame.ctx, save.args[1], save, frame)
+            for keys, param, is_model in there.param_leaves(save.args[0], save, frame.fn, (), 0):
+                passed = argument(frame.fn, param, call, method=frame.method)
+                if passed is None or there._tested(param, save, frame.fn):
+                    continue
+                if is_model:
+                    prefix = (self.wrapper_call(passed) if isinstance(passed, ast.Call)
+                              else self.wrapper_prefix(passed, call))
+                    models = [(keys, passed, prefix)]
+                else:
+                    models = [(keys + inner, model, self.wrapper_prefix(model, call))
+                              for inner, model in self.state_dicts(passed, call, (), 0)]
+                for full_keys, model, prefix in models:
+                    if prefix is not None:
+                        name = f"`{dotted(model)}`" if dotted(model) is not None else "model"
+                        out.append(HelperSave(call, frame.ctx, save, frame.fn.name, full_keys,
+                                              f"{name} passed to `{frame.fn.name}()`", prefix, pattern))
+        return out
+
+    def _tested(self, name: str, node: ast.AST, fn: ast.AST) -> bool:
+        """Whether ``node`` runs under an ``if`` of ``fn`` whose test reads ``name`` (``if isinstance(model,
+        nn.DataParallel): torch.save(model.module.state_dict(), out) else: ...``): the function saves according to
+        what it is given, which this analysis does not follow."""
+        for parent in self.ctx.ancestors(node):
+            if parent is fn:
+                return False
+            if isinstance(parent, (ast.If, ast.IfExp, ast.While)) and any(
+                    isinstance(n, ast.Name) and n.id == name for n in ast.walk(parent.test)):
+                return True
+        return False
+
+    def param_leaves(self, obj: ast.AST, at: ast.AST, fn: ast.AST, keys: Keys,
+                     depth: int) -> list[tuple[Keys, str, bool]]:
+        """What of a saved object comes from the parameters of ``fn``, with the keys leading to it: ``(keys,
+        parameter, True)`` for ``model.state_dict()`` of a parameter, ``(keys, parameter, False)`` for a
+        parameter saved as it is given (a state dict, or a dict holding some), in ``{"model_state": model_state,
+        ...}``, ``dict(...)`` or a name bound to one of these."""
+        if depth > 3:
+            return []
+        if isinstance(obj, ast.Call) and isinstance(obj.func, ast.Attribute) and obj.func.attr == "state_dict":
+            model = obj.func.value
+            ok = not obj.args and not obj.keywords and isinstance(model, ast.Name) and is_param(fn, model.id)
+            return [(keys, model.id, True)] if ok else []  # type: ignore[attr-defined]
+        if isinstance(obj, ast.Dict):
+            out = []
+            for key, value in zip(obj.keys, obj.values):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    out.extend(self.param_leaves(value, at, fn, (*keys, key.value), depth + 1))
+            return out
+        if isinstance(obj, ast.Call) and isinstance(obj.func, ast.Name) and obj.func.id == "dict" and not obj.args:
+            return [r for kw in obj.keywords if kw.arg
+                    for r in self.param_leaves(kw.value, at, fn, (*keys, kw.arg), depth + 1)]
+        if isinstance(obj, ast.Name):
+            if is_param(fn, obj.id) and not any(b.kind != "param" for b in self.ctx.lookup(obj.id, at)):
+                return [(keys, obj.id, False)]
+            binding = self.only_binding(obj, at)
+            if binding is not None and self.untouched(obj.id, binding, at):
+                return self.param_leaves(binding.value, binding.stmt, fn, keys, depth + 1)  # type: ignore[arg-type]
+        return []
+
+    def load_pattern(self, state: ast.AST, at: ast.AST) -> tuple[str, Keys] | None:
+        """(pattern of the file, keys) a loaded state dict comes from: ``torch.load(path)[key]...`` here, or
+        what a function of the file or of the run returns from ``torch.load`` (``ckpt = load_latest(folder,
+        "ckpt")[0]``, the function returning ``state["model"], state["epoch"]``), its path read for this call."""
+        return _load_chain(self.ctx, state, at, None, (), 0)
 
     def state_dicts(self, obj: ast.AST, at: ast.AST, keys: Keys, depth: int) -> list[tuple[Keys, ast.AST]]:
         """The ``model.state_dict()`` calls a saved object holds, with the keys leading to each:
@@ -207,18 +333,29 @@ class Checkpoints:
             if (isinstance(parent, ast.Attribute) and parent.attr in _READS
                     and isinstance(self.ctx.parent(parent), ast.Call)):
                 continue  # state.keys(), state.items()
+            if isinstance(parent, ast.Compare) and node is not parent.left and all(
+                    isinstance(op, (ast.In, ast.NotIn)) for op in parent.ops):
+                continue  # "model" in ckpt
             return False
         return True
 
-    def wrapper_prefix(self, model: ast.AST, at: ast.AST) -> str | None:
+    def wrapper_prefix(self, model: ast.AST, at: ast.AST, depth: int = 0) -> str | None:
         """The key prefix when ``model`` is, where its state dict is taken, a DataParallel/DDP/compiled
-        wrapper: bound to ``nn.DataParallel(net)`` (or ``.to(device)`` of it)."""
-        if not isinstance(model, (ast.Name, ast.Attribute)) or dotted(model) is None:
+        wrapper: bound to ``nn.DataParallel(net)`` (or ``.to(device)`` of it), also through a move of the same
+        object after the wrap (``if n_gpus > 1: net = nn.DataParallel(net)`` then ``net = net.to(device)``: the
+        checkpoint carries the prefix on the runs that wrap)."""
+        if not isinstance(model, (ast.Name, ast.Attribute)) or dotted(model) is None or depth > 3:
             return None
         found = self.ctx.reaching(model, at)
         if len(found) != 1 or found[0].kind != "assign" or found[0].unpacked or found[0].value is None:
             return None
-        return self.wrapper_call(found[0].value)
+        value = found[0].value
+        prefix = self.wrapper_call(value)
+        if prefix is None:
+            moved = _unmove(value)
+            if moved is not value and isinstance(moved, (ast.Name, ast.Attribute)) and dotted(moved) == dotted(model):
+                return self.wrapper_prefix(moved, found[0].stmt, depth + 1)
+        return prefix
 
     def wrapper_call(self, value: ast.AST) -> str | None:
         """The key prefix of a wrapper built by ``value`` (``nn.DataParallel(net).cuda()``), else None."""
@@ -247,9 +384,10 @@ class Checkpoints:
             for b in found
         )
 
-    def built_bare(self, value: ast.AST) -> bool:
+    def built_bare(self, value: ast.AST, depth: int = 0) -> bool:
         """Whether ``value`` builds a model that is no wrapper: a module class of this file or another file of
-        the run, a torchvision/timm/transformers constructor, an ``nn`` layer or container."""
+        the run, a torchvision/timm/transformers constructor, an ``nn`` layer or container, or a factory
+        function of the run whose every ``return`` is one of these (``net = create_model(cfg)``)."""
         while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _MOVES:
             value = value.func.value
         if not isinstance(value, ast.Call) or self.wrapper_call(value) is not None:
@@ -259,10 +397,39 @@ class Checkpoints:
         program = self.ctx.program
         if program is not None and program.module_class(self.ctx, value.func) is not None:
             return True
+        if depth < 2 and self._factory_builds_bare(value, depth):
+            return True
         q = self.ctx.qualname(value.func) or ""
         if q.startswith(_MODEL_LIBRARIES):
             return q.rsplit(".", 1)[-1] not in ("compile",)
         return q.startswith("torch.nn.") and q.rsplit(".", 1)[-1][:1].isupper() and q not in WRAPPERS
+
+    def _factory_builds_bare(self, call: ast.Call, depth: int) -> bool:
+        """``create_model(cfg)`` calling a function of this file or another file of the run whose every
+        ``return`` gives a model built bare (directly, or a local name every assignment of which builds one)."""
+        if self.ctx.qualname(call.func) is not None:  # imported: only a function of another file of the run
+            other = self.ctx.program.callee(self.ctx, call) if self.ctx.program is not None else None
+            found = [other] if other is not None else []
+        else:
+            found = callees(self.ctx, call)
+        if len(found) != 1:
+            return False
+        there, fn = found[0]
+        facts = there.analysis(Checkpoints)
+        returns = [n for n in walk_own(fn.body) if isinstance(n, ast.Return)]
+        if not returns:
+            return False
+        for ret in returns:
+            value = ret.value
+            if isinstance(value, ast.Name):
+                bindings = [b for b in there.lookup(value.id, ret) if b.kind != "del"]
+                if not bindings or not all(
+                        b.kind == "assign" and not b.unpacked and b.value is not None
+                        and there.scope(b.stmt) is fn and facts.built_bare(b.value, depth + 1) for b in bindings):
+                    return False
+            elif value is None or not facts.built_bare(value, depth + 1):
+                return False
+        return True
 
     def same_path(self, a: ast.expr, a_at: ast.AST, b: ast.expr, b_at: ast.AST) -> bool:
         """The same file: equal constants, or the same expression over the same variables."""
@@ -434,3 +601,64 @@ class Checkpoints:
                 return False
             child = parent
         return False
+
+
+def _unmove(value: ast.AST) -> ast.AST:
+    """``net.to(device).eval()`` -> ``net``: the object a chain of moves returns."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _MOVES:
+        value = value.func.value
+    return value
+
+
+def _load_chain(ctx: Context, expr: ast.AST, at: ast.AST, frame: Frame | None, pending: tuple[str | int, ...],
+                depth: int) -> tuple[str, Keys] | None:
+    """Follow a loaded value back to its ``torch.load``: subscripts collect keys (an integer picks an element
+    of a tuple a function returns), names go to their one assignment (read only by subscripts, ``in`` tests
+    and ``.keys()`` on the way), calls into the function they run (every ``return`` agreeing)."""
+    if depth > 6:
+        return None
+    facts = ctx.analysis(Checkpoints)
+    while isinstance(expr, ast.Subscript):
+        key = constant_of(ctx, expr.slice)
+        if isinstance(key, bool) or not isinstance(key, (str, int)):
+            return None
+        pending = (key, *pending)
+        expr = expr.value
+    if isinstance(expr, ast.Call) and ctx.qualname(expr.func) == "torch.load":
+        path = expr.args[0] if expr.args else getattr(keyword(expr, "f"), "value", None)
+        if path is None or any(not isinstance(k, str) for k in pending):
+            return None
+        return path_pattern(ctx, path, expr, frame), pending  # type: ignore[return-value]
+    if isinstance(expr, ast.Name):
+        found = ctx.reaching(expr, at)
+        if len(found) != 1 or found[0].kind != "assign" or found[0].value is None:
+            return None
+        binding = found[0]
+        if not facts.untouched(expr.id, binding, at):
+            return None
+        if binding.unpacked:  # state, epoch = load_latest(folder): the first element of what it returns
+            if binding.index is None or not isinstance(binding.value, ast.Call):
+                return None
+            pending = (binding.index, *pending)
+        return _load_chain(ctx, binding.value, binding.stmt, frame, pending, depth + 1)
+    if isinstance(expr, ast.Call):
+        frames = frames_of(ctx, expr, frame)
+        if len(frames) != 1:
+            return None
+        inner = frames[0]
+        found = set()
+        for ret in walk_own(inner.fn.body):
+            if isinstance(ret, (ast.Yield, ast.YieldFrom)):
+                return None
+            if not isinstance(ret, ast.Return):
+                continue
+            value, rest = ret.value, pending
+            if rest and isinstance(rest[0], int):
+                if not isinstance(value, ast.Tuple) or not -len(value.elts) <= rest[0] < len(value.elts):
+                    return None
+                value, rest = value.elts[rest[0]], rest[1:]
+            if value is None:
+                return None
+            found.add(_load_chain(inner.ctx, value, ret, inner, rest, depth + 1))
+        return found.pop() if len(found) == 1 else None
+    return None

@@ -3,13 +3,17 @@
 ``def freeze(m)`` called on a model), what is unfrozen again, which frozen parts a model holds at a given line,
 and where a model a function is given comes from (its call sites, a trainer class's ``self.model``).
 
-One ``Freezes`` per file (``ctx.analysis(Freezes)``), asked by TW108; every answer leans towards "nothing
+One ``Freezes`` per file (``ctx.analysis(Freezes)``), the one freeze analysis: TW107 asks which parts of a
+module stay frozen when an optimizer gets its parameters (``kept_frozen``), TW108 which frozen parts a model in
+train mode holds (``frozen_parts``), TW110 whether a part is frozen where code sets its ``requires_grad``
+(``holds_frozen``) and what such an assignment lands on (``grad_target``). Every answer leans towards "nothing
 frozen" when the code does not show it.
 """
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from trainwise.doctor.context.checkpoints import WRAPPERS
@@ -26,12 +30,44 @@ from trainwise.doctor.context.syntax import (
     method_call,
     position,
 )
+from trainwise.doctor.context.values import built_by
 
 if TYPE_CHECKING:
     from trainwise.doctor.context import Context
 
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_GUARDS = (ast.If, ast.For, ast.AsyncFor, ast.While)
+# Calls that return a model holding the same submodules as their first argument.
+_SAME_MODULES = frozenset({*WRAPPERS, "torch.nn.SyncBatchNorm.convert_sync_batchnorm"})
+# Methods a freeze is never made by (torch's own and the commonest others): not followed into a class.
+_NOT_FREEZING = frozenset({"train", "eval", "to", "cuda", "cpu", "float", "half", "double", "step", "zero_grad",
+                           "backward", "append", "extend", "update", "load_state_dict", "state_dict", "apply",
+                           "requires_grad_", "register_buffer", "add_module", "forward", "print", "write", "close"})
 _MAX_SITES = 32  # call sites followed from a function to its callers, at most
+_PARAMETERS = frozenset({"weight", "bias"})  # attributes of a module that are parameters
+_MODULE_ONLY = ("parameters", "named_parameters", "modules", "children", "named_modules", "named_children")
+_PARAMETER_CLASSES = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
+_TENSOR_FACTORIES = frozenset({"zeros", "ones", "empty", "full", "rand", "randn", "randint", "tensor", "arange",
+                               "linspace", "eye", "zeros_like", "ones_like", "empty_like", "full_like",
+                               "rand_like", "randn_like", "as_tensor", "from_numpy"})
+
+WHOLE, MOST, SOME = "whole", "most", "some"
+
+
+@dataclass(frozen=True)
+class Freeze:
+    """A statement that sets ``requires_grad`` on parameters of ``module`` (a dotted path): ``path`` is what it
+    names (``model.fc.weight`` for one parameter, else ``module``), ``frozen`` is False for an unfreeze, and
+    ``extent`` how many of the module's parameters it reaches: ``WHOLE`` every one, unconditionally; ``MOST``
+    every one but perhaps the head (a loop under a test that keeps only the head out, or a test not on the
+    parameter's name); ``SOME`` a part (one parameter, ``parameters(recurse=False)``, a loop under another test).
+    For a same-file helper's freeze, ``stmt`` is the call that hands it the module."""
+
+    module: str
+    path: str
+    stmt: ast.AST
+    frozen: bool
+    extent: str
 
 
 class Freezes:
@@ -39,7 +75,8 @@ class Freezes:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self._freezes: list[tuple[str, ast.AST, bool]] | None = None  # (dotted module, statement, frozen?)
+        self._freezes: list[Freeze] | None = None
+        self._own: list[Freeze] | None = None  # the file's own statements only
         self.frozen_at: dict[str, ast.AST] = {}  # frozen part -> the statement that freezes it (once found)
         self._any: bool | None = None
 
@@ -91,36 +128,87 @@ class Freezes:
         return argument(fn, name, call, method=is_bound_method(fn, self.ctx.parent(fn)), default=default)
 
     def all(self) -> list[tuple[str, ast.AST, bool]]:
+        """``(path, statement, frozen?)`` of every freeze that freezes a whole module (perhaps but its head) and
+        of every unfreeze, the questions of TW108 (``frozen_parts``) work on."""
+        return [(r.path, r.stmt, r.frozen) for r in self.records() if not r.frozen or r.extent != SOME]
+
+    def records(self) -> list[Freeze]:
+        """Every statement of the file that sets ``requires_grad`` on parameters (see ``Freeze``), and the
+        calls of a same-file helper that does it to the module it is given."""
         if self._freezes is None:
-            raw: list[tuple[str, ast.AST, bool]] = []
+            raw = self.own_records()
+            self._freezes = list(raw)
+            for record in raw:
+                self._freezes.extend(self._through_helper(record))
+            self._freezes.extend(self._through_methods())
+        return self._freezes
+
+    def own_records(self) -> list[Freeze]:
+        """The records of the file's own statements (no helper, no method of a class followed)."""
+        if self._own is None:
+            raw: list[Freeze] = []
             for node in self.ctx.nodes(ast.Assign):
                 value = node.value  # type: ignore[attr-defined]
-                if not isinstance(value, ast.Constant) or not isinstance(value.value, bool):
-                    continue
-                for target in node.targets:  # type: ignore[attr-defined]
-                    if isinstance(target, ast.Attribute) and target.attr == "requires_grad":
-                        loop = self._param_loop(target.value, node)
-                        if loop is not None and (value.value or self._freezes_all(loop, node)):
-                            raw.append((dotted(loop.iter.func.value), node, not value.value))  # type: ignore[arg-type, union-attr]
+                if isinstance(value, ast.Constant) and isinstance(value.value, bool):
+                    for target in node.targets:  # type: ignore[attr-defined]
+                        if isinstance(target, ast.Attribute) and target.attr == "requires_grad":
+                            raw.extend(self._record(target.value, node, not value.value, method=False))
             for node in self.ctx.nodes(ast.Call):
                 if method_call(node, "requires_grad_"):
                     flag = node.args[0] if node.args else getattr(keyword(node, "requires_grad"), "value", None)  # type: ignore[attr-defined]
                     if flag is None or isinstance(flag, ast.Constant):
-                        frozen = is_const(flag, False)
-                        target = node.func.value  # type: ignore[attr-defined]
-                        loop = self._param_loop(target, node)
-                        if loop is not None:
-                            if frozen and not self._freezes_all(loop, node):
-                                continue
-                            module = dotted(loop.iter.func.value)  # type: ignore[union-attr]
-                        else:
-                            module = dotted(target)  # whether it holds BatchNorm decides, not its name
-                        if module is not None:
-                            raw.append((module, node, frozen))
-            self._freezes = list(raw)
-            for module, stmt, frozen in raw:
-                self._freezes.extend(self._through_helper(module, stmt, frozen))
-        return self._freezes
+                        raw.extend(self._record(node.func.value, node, is_const(flag, False), method=True))  # type: ignore[attr-defined]
+            self._own = raw
+        return self._own
+
+    def _through_methods(self) -> list[Freeze]:
+        """``model.freeze_backbone()`` (a statement) where ``model`` is built from a class of the run
+        (``values.built_by``: a factory, a registry, another file) whose method of that name freezes (or
+        unfreezes) part of ``self`` unconditionally: that freeze, of ``model``'s part, at the call."""
+        out: list[Freeze] = []
+        for node in self.ctx.nodes(ast.Expr):
+            call = node.value  # type: ignore[attr-defined]
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and isinstance(call.func.value, ast.Name) and call.func.attr not in _NOT_FREEZING):
+                continue
+            built = built_by(self.ctx, call.func.value, call)
+            cls = built.cls if built is not None else None
+            if built is None or cls is None:
+                continue
+            methods = [f for f in cls.body if isinstance(f, _FUNCS) and f.name == call.func.attr]
+            if len(methods) != 1:
+                continue
+            for record in built.ctx.analysis(Freezes).own_records():
+                if (under(record.module, "self") and record.module != "self"
+                        and built.ctx.is_inside(record.stmt, methods[0])
+                        and _functions(built.ctx).flag_conditions(record.stmt, methods[0]) == []):
+                    name = call.func.value.id
+                    out.append(Freeze(name + record.module[len("self"):], name + record.path[len("self"):], call,
+                                      record.frozen, record.extent))
+        return out
+
+    def _record(self, target: ast.AST, stmt: ast.AST, frozen: bool, *, method: bool) -> list[Freeze]:
+        """The freeze ``target.requires_grad = ...`` (``method``: ``target.requires_grad_(...)``) makes, if
+        any: on a module's parameters, on one parameter; an assignment on a module sets nothing (TW110)."""
+        loop = self._param_loop(target, stmt)
+        if loop is not None:
+            module = dotted(loop.iter.func.value)  # type: ignore[union-attr]
+            return [Freeze(module, module, stmt, frozen, self._extent(loop, stmt))]  # type: ignore[arg-type]
+        path = dotted(target)
+        if path is None:
+            return []
+        owner, _dot, attr = path.rpartition(".")
+        if attr in _PARAMETERS and owner:
+            return [Freeze(owner, path, stmt, frozen, SOME)]
+        return [Freeze(path, path, stmt, frozen, WHOLE)] if method else []
+
+    def _extent(self, loop: Binding, stmt: ast.AST) -> str:
+        """How much of the module a freeze in a loop over its parameters reaches (see ``Freeze``)."""
+        if loop.iter.args or loop.iter.keywords or not self._freezes_all(loop, stmt):  # type: ignore[union-attr]
+            return SOME
+        inner = self.ctx.parent(stmt) if isinstance(stmt, ast.Call) else stmt
+        direct = isinstance(inner, ast.stmt) and any(inner is s for s in loop.stmt.body)  # type: ignore[attr-defined]
+        return WHOLE if direct else MOST
 
     def _param_loop(self, expr: ast.AST, at: ast.AST) -> Binding | None:
         """The ``for p in module.parameters()`` (or ``named_parameters()``) loop that binds ``expr``."""
@@ -131,7 +219,7 @@ class Freezes:
                                                                                     "named_parameters"):
                 if b.iter.func.attr == "named_parameters" and b.index != 1:  # type: ignore[union-attr]
                     return None
-                if b.iter.args or b.iter.keywords or dotted(b.iter.func.value) is None:  # type: ignore[union-attr]
+                if dotted(b.iter.func.value) is None:  # type: ignore[union-attr]
                     return None
                 return b
         return None
@@ -158,18 +246,19 @@ class Freezes:
                 return False  # `if "fc" in name: continue` skips the head; any other skip: unknown
         return True
 
-    def _through_helper(self, module: str, stmt: ast.AST, frozen: bool) -> list[tuple[str, ast.AST, bool]]:
+    def _through_helper(self, record: Freeze) -> list[Freeze]:
         """A freeze of a parameter of a same-file helper (``def freeze(m): m.requires_grad_(False)``, the
         tutorial's ``set_parameter_requires_grad(model, feature_extracting)``), as a freeze of the argument at
         each call. A freeze under ``if flag:`` counts only where the call passes a true constant for ``flag``."""
+        stmt, frozen = record.stmt, record.frozen
         fn = self.ctx.scope(stmt)
-        root, dot, rest = module.partition(".")
+        root = record.path.partition(".")[0]
         if not isinstance(fn, _FUNCS) or root in ("self", "cls") or not is_param(fn, root):
             return []
         flags = _functions(self.ctx).flag_conditions(stmt, fn)
         if flags is None and frozen:
             return []
-        out = []
+        out: list[Freeze] = []
         for call in self.ctx.calls_of(fn)[:_MAX_SITES]:
             arg = self._argument(fn, root, call)
             target = dotted(arg) if arg is not None else None
@@ -177,8 +266,118 @@ class Freezes:
                 continue
             if frozen and not all(_truthy(self.ctx, fn, name, call) is wanted for name, wanted in flags or ()):
                 continue
-            out.append((target + dot + rest, call, frozen))
+            module, path = (target + name[len(root):] for name in (record.module, record.path))
+            out.append(Freeze(module, path, call, frozen, record.extent))
         return out
+
+    # ------------------------------------------------------------------ TW107: what an optimizer is handed
+    def kept_frozen(self, module: str, at: ast.AST) -> list[Freeze]:
+        """Freezes of ``module`` or of a part of it that hold where ``at`` runs (an optimizer built over
+        ``module.parameters()``): made before it in its scope, or in ``__init__`` of the class whose method
+        builds it. Empty when a part of the module is unfrozen after ``at`` or in another scope (gradual
+        unfreezing keeps it in the optimizer on purpose), or unfrozen again after its freeze."""
+        frozen = [r for r in self.records() if r.frozen and under(r.module, module) and self._before(r.stmt, at)]
+        root = module.split(".", 1)[0]
+        for r in self.records():
+            if frozen and not r.frozen and r.module.split(".", 1)[0] == root and (
+                self.ctx.scope(r.stmt) is not self.ctx.scope(at) or position(r.stmt) > position(at)
+                or any(under(f.module, r.module) and position(r.stmt) > position(f.stmt) for f in frozen)
+            ):
+                return []
+        return sorted(frozen, key=lambda r: position(r.stmt))
+
+    def _before(self, stmt: ast.AST, at: ast.AST) -> bool:
+        """Whether ``stmt`` runs before ``at``: earlier in the same scope, or in ``__init__`` of its class."""
+        own, other = self.ctx.scope(stmt), self.ctx.scope(at)
+        if own is other:
+            return position(stmt) < position(at)
+        cls = self.ctx.enclosing_class(stmt)
+        return (isinstance(own, ast.FunctionDef) and own.name == "__init__" and cls is not None
+                and cls is self.ctx.enclosing_class(at))
+
+    # ------------------------------------------------------------- TW110: where setting requires_grad lands
+    def holds_frozen(self, part: ast.AST, at: ast.AST, *, itself: bool = False) -> Freeze | None:
+        """The freeze that leaves every parameter of ``part`` (``model.classifier[3]``) frozen at ``at``: the
+        last freeze or unfreeze before ``at`` in its scope, of a module holding ``part`` (``itself``: or of
+        ``part``; an unfreeze of anything inside ``part`` counts too), freezes that module whole, and neither
+        ``part`` nor a module between was assigned anew since (a new layer trains). None when not shown."""
+        chain = [ast.unparse(e) for e in _holders(part)]
+        if len(chain) < 2 and not itself:
+            return None
+        wanted = set(chain if itself else chain[1:])
+        scope, end = self.ctx.scope(at), position(at)
+        touching = [r for r in self.records() if self.ctx.scope(r.stmt) is scope and position(r.stmt) < end and (
+            r.module in wanted or (not r.frozen and (r.module in chain or under(r.module, chain[0]))))]
+        last = max(touching, key=lambda r: position(r.stmt), default=None)
+        if last is None or not last.frozen or last.extent != WHOLE:
+            return None
+        renewed = {text for text in chain if under(text, last.module)}
+        start = position(last.stmt)
+        for node in self.ctx.nodes(ast.Assign):
+            if (self.ctx.scope(node) is scope and start < position(node) < end
+                    and any(ast.unparse(t) in renewed for t in node.targets)):  # type: ignore[attr-defined]
+                return None
+        return last
+
+    def grad_target(self, expr: ast.AST, at: ast.AST) -> tuple[str, ast.AST | None] | None:
+        """What ``expr.requires_grad = ...`` at ``at`` lands on: ``("parameter", its module)`` (a loop variable
+        over ``m.parameters()``, ``m.fc.weight``), ``("module", expr)``, ``("tensor", None)`` (one a torch factory
+        made, which does not require grad), or None when unknown (a config, an argument, a parameter or a
+        tensor that may be either)."""
+        loop = self._param_loop(expr, at)
+        if loop is not None:
+            return ("parameter", loop.iter.func.value)  # type: ignore[union-attr]
+        if isinstance(expr, ast.Attribute) and expr.attr in _PARAMETERS and self.ctx.is_module(expr.value):
+            return ("parameter", expr.value)
+        if self._may_be_tensor(expr, at):
+            return None
+        if self.ctx.is_module(expr):
+            return ("module", expr)
+        found = self.ctx.bindings_of(expr, at) if isinstance(expr, (ast.Name, ast.Attribute)) else []
+        if found and all(b.kind == "assign" and not b.unpacked and self._fresh_tensor(b.value) for b in found):
+            return ("tensor", None)
+        return None
+
+    def _may_be_tensor(self, expr: ast.AST, at: ast.AST) -> bool:
+        """Whether ``expr`` may hold a parameter or tensor at ``at``, however module-like its name and use: a
+        loop variable over a list that holds one (``[self.patch_embed, self.cls_token]``), or code in the
+        ``except`` of a ``try`` that calls ``expr.parameters()``, which runs for values without that method."""
+        name = dotted(expr)
+        for parent in self.ctx.ancestors(at):
+            if isinstance(parent, ast.ExceptHandler):
+                attempt = self.ctx.parent(parent)
+                if isinstance(attempt, ast.Try) and any(
+                        method_call(n, *_MODULE_ONLY) and dotted(n.func.value) == name  # type: ignore[attr-defined]
+                        for s in attempt.body for n in ast.walk(s)):
+                    return True
+        if not isinstance(expr, ast.Name):
+            return False
+        for b in self.ctx.bindings_of(expr, at):
+            items = b.iter
+            if b.kind == "for" and isinstance(items, ast.Name):
+                found = self.ctx.reaching(items, b.stmt)
+                items = found[0].value if len(found) == 1 and found[0].kind == "assign" else None
+            if b.kind == "for" and isinstance(items, (ast.List, ast.Tuple)) and any(
+                    self._tensor_value(e) for e in items.elts):
+                return True
+        return False
+
+    def _tensor_value(self, expr: ast.AST) -> bool:
+        """``m.weight``, or a name or attribute bound only to ``nn.Parameter(...)`` or a torch factory's tensor."""
+        if isinstance(expr, ast.Attribute) and expr.attr in _PARAMETERS:
+            return True
+        found = self.ctx.bindings_of(expr) if isinstance(expr, (ast.Name, ast.Attribute)) else []
+        return bool(found) and all(
+            b.kind == "assign" and not b.unpacked and isinstance(b.value, ast.Call) and (
+                self.ctx.qualname(b.value.func) in _PARAMETER_CLASSES or self._fresh_tensor(b.value))
+            for b in found)
+
+    def _fresh_tensor(self, value: ast.AST | None) -> bool:
+        """``torch.zeros(3)``, ``torch.randn(...)``: a new tensor that does not require grad."""
+        if not isinstance(value, ast.Call) or keyword(value, "requires_grad") is not None:
+            return False
+        name = self.ctx.qualname(value.func) or ""
+        return name.startswith("torch.") and name.rsplit(".", 1)[-1] in _TENSOR_FACTORIES
 
     def frozen_parts(self, receiver: str, call: ast.AST) -> list[str]:
         """Frozen modules inside ``receiver`` (as dotted paths from it, or modules that ``receiver`` is built
@@ -209,7 +408,7 @@ class Freezes:
                         path = receiver + module[len("self"):]
                 elif own_cls is not None and owner is own_cls and under(module, receiver) and flags == []:
                     path = module  # a trainer class: self.model.backbone frozen in its __init__
-            if path is not None and not self.unfrozen(path, receiver) and path not in parts:
+            if path is not None and not self._unfrozen_before(path, receiver, call) and path not in parts:
                 parts.append(path)
                 self.frozen_at.setdefault(path, stmt)
         return parts
@@ -230,9 +429,11 @@ class Freezes:
             if b.kind != "assign" or b.unpacked or b.value is None:
                 return set()
             value = unchain(self.ctx.strip_moves(b.value))
+            if isinstance(value, ast.Call) and (self.ctx.qualname(value.func) or "") in _SAME_MODULES and value.args:
+                value = value.args[0]  # a wrapper or a conversion that keeps the model's submodules
             if isinstance(value, ast.Name):
                 if value.id == receiver:
-                    continue  # model_train = model_train.cuda()
+                    continue  # model_train = model_train.cuda(), model_train = DDP(model_train)
                 names = {value.id}
             elif isinstance(value, ast.Call):
                 names = self._built_from(value)
@@ -275,6 +476,36 @@ class Freezes:
                 return dotted(b.iter.func.value)  # type: ignore[union-attr]
         return None
 
+    def _unfrozen_before(self, path: str, receiver: str, call: ast.AST) -> bool:
+        """Whether the part is unfrozen before ``call`` on every pass, or somewhere this file cannot order
+        (another function, for a model that is not a local of the call's function): an unfreeze in the same
+        function that a condition or a loop the call is not in guards (``if epoch >= freeze_epochs:`` inside
+        the epoch loop) leaves the earlier passes frozen."""
+        scope = self.ctx.scope(call)
+        for module, stmt, frozen in self.all():
+            if frozen or not under(path, self._unfrozen_module(module, stmt, receiver)):
+                continue
+            if self.ctx.scope(stmt) is not scope:
+                if not self._local(path.split(".", 1)[0], call):
+                    return True  # the same object unfrozen where this file cannot order it
+                continue  # a local of the call's function: another function's variable of that name
+            if position(stmt) < position(call) and all(
+                    self.ctx.is_inside(call, guard) for guard in self.ctx.ancestors(stmt)
+                    if isinstance(guard, _GUARDS) and self.ctx.scope(guard) is scope):
+                return True
+        return False
+
+    def _local(self, name: str, at: ast.AST) -> bool:
+        """Whether ``name`` at ``at`` is a variable of the function holding ``at`` (not a global, not ``self``)."""
+        scope = self.ctx.scope(at)
+        return name != "self" and isinstance(scope, _FUNCS) and any(
+            self.ctx.scope(b.stmt) is scope or b.stmt is scope for b in self.ctx.lookup(name, at))
+
+    def _unfrozen_module(self, module: str, stmt: ast.AST, receiver: str) -> str:
+        if under(module, "self") and not under(receiver, "self"):
+            module = receiver + module[len("self"):]
+        return self._iterated(module, stmt) or module
+
     def unfrozen(self, path: str, receiver: str) -> bool:
         """Whether the part is unfrozen anywhere (gradual unfreezing: stay silent)."""
         return any(under(path, module) for module in self._unfreezes(receiver))
@@ -297,6 +528,15 @@ def _functions(ctx: Context):  # type: ignore[no-untyped-def]
     from trainwise.doctor.context.functions import functions
 
     return functions(ctx)
+
+
+def _holders(part: ast.AST) -> list[ast.AST]:
+    """``model.classifier[3]`` -> itself, ``model.classifier``, ``model``: the part and what holds it."""
+    out = [part]
+    while isinstance(part, (ast.Attribute, ast.Subscript)):
+        part = part.value
+        out.append(part)
+    return out
 
 
 def under(path: str, prefix: str) -> bool:

@@ -16,11 +16,13 @@ same-file function it calls, or read a block's statements in order:
 - ``Functions.flag_conditions(stmt, fn)``: the ``if flag:`` tests on parameters a statement runs under, and
   ``Functions.cudnn_switches(fn)``: the cuDNN switches a function sets (TW202);
 - ``function_values(ctx, expr, at)``: the functions a callback stands for (``worker_init_fn=seed_worker``, a
-  lambda, ``functools.partial(f, ...)``, ``self.method``, a function imported from another file of the run);
+  lambda, ``functools.partial(f, ...)``, ``self.method``, an instance's ``__call__``, a function imported from
+  another file of the run);
 - ``callees(ctx, call)``: the functions a call may call, in its own file or (through the program) another
   one; ``value_at_call(...)``: the constant a call gives a parameter, its default included;
   ``reaches_call(ctx, container, predicate)``: a call that code there makes, itself or through helpers of
-  any file of the run.
+  any file of the run; ``started_functions(ctx, call)``: the functions ``mp.spawn(f, ...)`` or
+  ``Process(target=f)`` runs in new processes (TW202).
 
 Built lazily, once per ``Context`` (a weak table, so nothing outlives the file); every answer leans towards
 "unknown" (``None``) or towards silence, as the context does. No torch import, no recursion over the tree.
@@ -41,11 +43,13 @@ from trainwise.doctor.context import (
     is_bound_method,
     is_const,
     is_param,
+    keyword,
     last_name,
     method_call,
     position,
     walk_own,
 )
+from trainwise.doctor.context.calls import cacheable_predicate
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -297,10 +301,7 @@ class Functions:
     def _reaching(self, ref: ast.AST, at: ast.AST) -> list[Binding]:
         """The binding of ``ref`` last before ``at`` in the source, a loop enclosing ``at`` included (so that
         ``x = x.to(device)`` reads the loop's ``x``); all of them when none is before."""
-        found = [b for b in self.ctx.bindings_of(ref, at) if b.kind != "del"]
-        here = position(at)
-        before = [b for b in found if position(b.stmt) < here]
-        return [max(before, key=lambda b: position(b.stmt))] if before else found
+        return self.ctx.last_bound_before(ref, at)
 
     # -------------------------------------------------------------------------------------- evaluation
     def eval_loops(self) -> list[EvalLoop]:
@@ -483,12 +484,26 @@ def callees(ctx: Context, call: ast.Call) -> list[tuple[Context, ast.FunctionDef
 def reaches_call(ctx: Context, container: ast.AST, predicate: Callable[[ast.Call], bool], depth: int = 3) -> bool:
     """Whether a call satisfying ``predicate`` happens in ``container``, in a same-file helper it calls
     (``Context.reaches_call``), or in a function of another file of the run that one of them calls (followed
-    the same way there, ``depth`` levels in all)."""
+    the same way there, ``depth`` levels in all). Answered once per container, predicate and depth."""
     if ctx.reaches_call(container, predicate, depth):
         return True
     program = ctx.program
     if program is None or depth <= 0 or len(program.paths) < 2:
         return False
+    if not cacheable_predicate(predicate):
+        return _reaches_call_across(ctx, container, predicate, depth)
+    key = ("reaches_call_across", id(container), predicate, depth)
+    known = ctx._cache.get(key)  # type: ignore[arg-type]
+    if known is not None and known[0] is container:  # type: ignore[index]
+        return known[1]  # type: ignore[index, return-value]
+    found = _reaches_call_across(ctx, container, predicate, depth)
+    ctx._cache[key] = (container, found)  # type: ignore[index]
+    return found
+
+
+def _reaches_call_across(ctx: Context, container: ast.AST, predicate: Callable[[ast.Call], bool], depth: int) -> bool:
+    program = ctx.program
+    assert program is not None
     for node in (container, *ctx.helpers_called(container, depth)):
         for call in ctx.calls_within(node):
             found = program.callee(ctx, call)
@@ -628,8 +643,9 @@ class FunctionValue:
 
 def function_values(ctx: Context, expr: ast.AST, at: ast.AST, depth: int = 0) -> list[FunctionValue] | None:
     """The functions an expression passed as a callback stands for: a lambda, a function of the file (also
-    through a variable bound once), ``self.method`` of the enclosing class, ``functools.partial(f, ...)``,
-    either branch of ``a if c else b``, or a function of another file of the run it imports. ``[]`` for
+    through a variable bound once), ``self.method`` of the enclosing class, ``functools.partial(f, ...)``, the
+    ``__call__`` of an instance built there (``SeedWorkers(seed)``), either branch of ``a if c else b``, or a
+    function of another file of the run it imports. ``[]`` for
     ``None``; None when any part is unknown (a parameter, a library function, a body that cannot be seen)."""
     if depth > 4:
         return None
@@ -642,7 +658,9 @@ def function_values(ctx: Context, expr: ast.AST, at: ast.AST, depth: int = 0) ->
         orelse = function_values(ctx, expr.orelse, at, depth + 1)
         return None if body is None or orelse is None else body + orelse
     if isinstance(expr, ast.Call):
-        if last_name(expr.func) != "partial" or not expr.args or any(isinstance(a, ast.Starred) for a in expr.args):
+        if last_name(expr.func) != "partial":
+            return _instance_call(ctx, expr, at)
+        if not expr.args or any(isinstance(a, ast.Starred) for a in expr.args):
             return None
         if ctx.qualname(expr.func) not in (None, "functools.partial"):
             return None
@@ -676,3 +694,47 @@ def function_values(ctx: Context, expr: ast.AST, at: ast.AST, depth: int = 0) ->
     symbol = ctx.program.resolve(ctx, expr)
     other = ctx.program.function(symbol) if symbol is not None and symbol.name and "." not in symbol.name else None
     return [FunctionValue(other[0], other[1])] if other is not None else None
+
+
+def _instance_call(ctx: Context, expr: ast.Call, at: ast.AST) -> list[FunctionValue] | None:
+    """``SeedWorkers(seed)`` passed as a callback: the ``__call__`` its class (of the file, or of another file of
+    the run) defines in its own body, bound to the instance; None for anything else."""
+    found = None
+    if isinstance(expr.func, ast.Name):
+        defs = [b.stmt for b in ctx.lookup(expr.func.id, at) if b.kind == "def"]
+        if len(defs) == 1 and isinstance(defs[0], ast.ClassDef):
+            found = (ctx, defs[0])
+    if found is None and ctx.program is not None:
+        found = ctx.program.class_of(ctx, expr.func)
+    if found is None:
+        return None
+    calls = [s for s in found[1].body if isinstance(s, _FUNCTIONS) and s.name == "__call__"]
+    return [FunctionValue(found[0], calls[0], 1)] if len(calls) == 1 else None
+
+
+# Calls that run a function in new processes, and the argument that names it: ``mp.spawn(main_worker, ...)``
+# (always a fresh interpreter), ``Process(target=run)`` (forked or fresh, as the start method says).
+_SPAWNERS = {"torch.multiprocessing.spawn": "fn", "torch.multiprocessing.start_processes": "fn",
+             "torch.multiprocessing.spawn.spawn": "fn", "torch.multiprocessing.spawn.start_processes": "fn"}
+_PROCESSES = frozenset({"multiprocessing.Process", "multiprocessing.context.Process", "torch.multiprocessing.Process"})
+
+
+def started_functions(ctx: Context, call: ast.Call) -> tuple[str, list[FunctionValue]] | None:
+    """The functions a call starts in new processes, with how (``"spawn"``: ``torch.multiprocessing.spawn`` and
+    ``start_processes``, whose processes never inherit the parent's state; ``"process"``: ``Process(target=f)``);
+    None when the call starts none or the function cannot be seen (see ``function_values``)."""
+    q = ctx.qualname(call.func)
+    if q in _SPAWNERS:
+        kw = keyword(call, _SPAWNERS[q])
+        target = kw.value if kw is not None else (call.args[0] if call.args else None)
+        how = "spawn"
+    elif q in _PROCESSES:
+        kw = keyword(call, "target")
+        target = kw.value if kw is not None else None
+        how = "process"
+    else:
+        return None
+    if target is None or isinstance(target, ast.Starred):
+        return None
+    found = function_values(ctx, target, call)
+    return (how, found) if found else None

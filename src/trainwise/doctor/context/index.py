@@ -4,13 +4,13 @@ questions about names and structure (where a node sits, what a name is bound to,
 from __future__ import annotations
 
 import ast
+import bisect
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from trainwise.doctor.context.syntax import (
     Binding,
-    _inside,
     dotted,
     position,
 )
@@ -66,14 +66,33 @@ def _own_children(scope: ast.AST) -> set[int]:
     return {id(c) for c in ast.iter_child_nodes(scope)}
 
 def _in_own_scope(scope: ast.AST, child: ast.AST) -> bool:
-    """Whether ``child`` (a direct child of the scope node) runs inside that scope rather than around it."""
+    """Whether ``child`` (a direct child of the scope node) runs inside that scope rather than around it.
+    Decided from the few children that run around it (decorators, bases, annotations), never by a search of
+    the body, which made every question about a node of a long function cost that function's length."""
     if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return child in scope.body or child is scope.args
+        if child is scope.args:
+            return True
+        return not (child is scope.returns or _among(child, scope.decorator_list)
+                    or _among(child, getattr(scope, "type_params", ())))
     if isinstance(scope, ast.Lambda):
         return child is scope.body or child is scope.args
     if isinstance(scope, ast.ClassDef):
-        return child in scope.body
+        return not (_among(child, scope.decorator_list) or _among(child, scope.bases)
+                    or _among(child, scope.keywords) or _among(child, getattr(scope, "type_params", ())))
     return True
+
+
+def _among(node: ast.AST, nodes: list[ast.AST] | tuple[()]) -> bool:
+    return any(node is item for item in nodes)
+
+
+def _in_loop_body(loop: ast.For | ast.AsyncFor | ast.While, child: ast.AST) -> bool:
+    """Whether ``child`` (a direct child of the loop) is a statement of its body: not its target, iterable or
+    test, nor a statement of its ``else`` (which follows the body in the source), without searching the body."""
+    if not isinstance(child, ast.stmt):
+        return False
+    orelse = loop.orelse
+    return not orelse or position(child) < position(orelse[0])
 
 
 _T = TypeVar("_T")
@@ -86,7 +105,7 @@ class FileIndex:
         self.tree = tree
         self.source = source
         self.path = path
-        self.lines = split_lines(source)  # not str.splitlines: U+2028 in a string does not end a line
+        self._lines: list[str] | None = None  # split when first asked (a finding's column): most files have none
         self.parents: dict[ast.AST, ast.AST] = {}
         self.by_type: dict[type, list[ast.AST]] = {}
         self.aliases: dict[str, str] = {}  # local name -> qualified name, from every import in the file
@@ -101,6 +120,12 @@ class FileIndex:
         self._analyses: dict[type, object] = {}
         self._source_lines: list[str] | None = None
         self._backward_names: dict[int, set[str]] | None = None
+        self._binding_orders: dict[int, _OrderedBindings] = {}  # id(bindings list) -> its source order
+        self._deep_scopes: dict[ast.AST, ast.AST] = {}  # scope() of nodes nested very deep
+        self._values: dict[int, tuple[list[Binding], ast.AST | None]] = {}  # id(bindings list) -> value_of
+        self._per_bindings: dict[tuple[Hashable, int], tuple[list[Binding], object]] = {}  # memo_bindings
+        self._modules_in_progress: set[int] = set()  # Roles.is_module: the nodes being answered now
+        self._module_cycles = 0  # how often is_module met a node it was still answering
         self._index()
 
     def _index(self) -> None:
@@ -155,13 +180,12 @@ class FileIndex:
 
     def _index_call(self, node: ast.Call) -> None:
         func = node.func
-        if isinstance(func, ast.Attribute):
-            receiver = dotted(func.value)
-            if receiver is not None:
-                self.method_receivers.setdefault(func.attr, set()).add(receiver)
         name = dotted(func)
-        if name is not None:
-            self.called.add(name)
+        if name is None:
+            return
+        self.called.add(name)
+        if type(func) is ast.Attribute:  # `a.b.f`: the receiver `a.b` is the name less its last part
+            self.method_receivers.setdefault(func.attr, set()).add(name[: len(name) - len(func.attr) - 1])
 
     def _add(self, scope: ast.AST, target: ast.AST, binding: Binding) -> None:
         if isinstance(target, ast.Name):
@@ -239,6 +263,13 @@ class FileIndex:
                         changed = True
                         break
 
+    @property
+    def lines(self) -> list[str]:
+        """The file's lines (not ``str.splitlines``: U+2028 in a string does not end a line)."""
+        if self._lines is None:
+            self._lines = split_lines(self.source)
+        return self._lines
+
     def analysis(self, kind: type[_T]) -> _T:
         """The file's ``kind(self)`` (a deeper analysis some rules share, such as what a name counts), made on
         first use and kept with the context."""
@@ -265,11 +296,36 @@ class FileIndex:
     def scope(self, node: ast.AST) -> ast.AST:
         """The innermost function, lambda, class or module whose body holds ``node``."""
         child = node
-        for parent in self.ancestors(node):
+        known = self._deep_scopes  # empty but in files nested very deep
+        for steps, parent in enumerate(self.ancestors(node), start=1):
+            if known and child in known:
+                return known[child]
             if isinstance(parent, _SCOPES) and _in_own_scope(parent, child):
                 return parent
             child = parent
+            if steps == _DEEP:
+                return self._deep_scope(node)
         return self.tree
+
+    def _deep_scope(self, node: ast.AST) -> ast.AST:
+        """``scope`` of a node nested very deep (a chain of a thousand calls): the answer is kept for every node
+        on the way up, which all share it, so that asking it of each node of the chain stays linear."""
+        known = self._deep_scopes
+        path = []
+        child = node
+        found = self.tree
+        for parent in self.ancestors(node):
+            if child in known:
+                found = known[child]
+                break
+            path.append(child)
+            if isinstance(parent, _SCOPES) and _in_own_scope(parent, child):
+                found = parent
+                break
+            child = parent
+        for passed in path:
+            known[passed] = found
+        return found
 
     def enclosing_loop(self, node: ast.AST) -> ast.For | ast.AsyncFor | ast.While | None:
         """The innermost ``for``/``while`` loop whose body holds ``node``, within the same function."""
@@ -277,7 +333,7 @@ class FileIndex:
         for parent in self.ancestors(node):
             if isinstance(parent, _SCOPES):
                 return None
-            if isinstance(parent, _LOOPS) and _inside(child, parent.body):
+            if isinstance(parent, _LOOPS) and _in_loop_body(parent, child):
                 return parent
             child = parent
         return None
@@ -363,7 +419,10 @@ class FileIndex:
         """The bindings that most likely give ``node`` its value at ``at``: the last one before it in the
         source if there is one, else all of them (a loop may bring a later one round)."""
         at = node if at is None else at
-        found = [b for b in self.bindings_of(node, at) if b.kind != "del"]
+        bindings = self.bindings_of(node, at)
+        if len(bindings) > _ORDERED_FROM:
+            return self._ordered(bindings).reaching(self, at)
+        found = [b for b in bindings if b.kind != "del"]
         if not found:
             return []
         before = [b for b in found if position(b.stmt) < position(at) and not self.is_inside(at, b.stmt)]
@@ -374,6 +433,38 @@ class FileIndex:
         if last.kind == "augassign":
             return [b for b in before if b.kind != "augassign"][-1:] or [last]
         return [last]
+
+    def last_bound_before(self, node: ast.AST, at: ast.AST) -> list[Binding]:
+        """The binding of ``node`` last before ``at`` in the source, a statement holding ``at`` included (so
+        that ``x = x.to(device)`` inside a loop reads the loop's ``x``); all of them when none is before."""
+        bindings = self.bindings_of(node, at)
+        if len(bindings) > _ORDERED_FROM:
+            return self._ordered(bindings).last_before(at)
+        found = [b for b in bindings if b.kind != "del"]
+        here = position(at)
+        before = [b for b in found if position(b.stmt) < here]
+        return [max(before, key=lambda b: position(b.stmt))] if before else found
+
+    def memo_bindings(self, question: Hashable, bindings: list[Binding], answer: Callable[[], _T]) -> _T:
+        """``answer()``, computed once per list of bindings (one name's, in one scope) and ``question``: for
+        an answer that depends on nothing but those bindings (a name read a thousand times asks it once)."""
+        if not bindings:
+            return answer()
+        key = (question, id(bindings))
+        known = self._per_bindings.get(key)
+        if known is not None and known[0] is bindings:
+            return known[1]  # type: ignore[return-value]
+        found = answer()
+        self._per_bindings[key] = (bindings, found)
+        return found
+
+    def _ordered(self, bindings: list[Binding]) -> _OrderedBindings:
+        """The source-order index of a long list of bindings (a name bound again by every cell of a notebook),
+        made once per list."""
+        found = self._binding_orders.get(id(bindings))
+        if found is None or found.bindings is not bindings:
+            found = self._binding_orders[id(bindings)] = _OrderedBindings(bindings)
+        return found
 
     def restores_mode(self, call: ast.Call) -> bool:
         """Whether a ``.train(...)`` call puts back a mode saved before (``was_training = model.training``, then
@@ -432,14 +523,23 @@ class FileIndex:
         """The one value a name is built from: ``model = resnet50(...).to(device)``; ``model = model.cuda()``
         and ``model = torch.compile(model)`` rebind it to itself and do not count, and the same construction
         repeated (a notebook cell run again, copied further down) counts once."""
+        bindings = self.lookup(name.id, at)
+        known = self._values.get(id(bindings))
+        if known is not None and known[0] is bindings:
+            return known[1]  # the same answer for every read of the name in that scope, computed once
         values: dict[str, ast.AST] = {}
-        for b in self.lookup(name.id, at):
+        found = None
+        for b in bindings:
             if b.kind != "assign" or b.unpacked or b.value is None:
-                return None
+                break
             value = self.strip_moves(b.value)
             if not (isinstance(value, ast.Name) and value.id == name.id):
                 values.setdefault(ast.dump(value), value)
-        return next(iter(values.values())) if len(values) == 1 else None
+        else:
+            found = next(iter(values.values())) if len(values) == 1 else None
+        if bindings:
+            self._values[id(bindings)] = (bindings, found)
+        return found
 
     def self_value(self, cls: ast.ClassDef, attr: str) -> ast.AST | None:
         """The one value ``self.<attr>`` is built from in the methods of ``cls``."""
@@ -466,6 +566,91 @@ class FileIndex:
                 value = value.args[0]
             else:
                 return value
+
+
+# Past this many ancestors, ``scope`` remembers its answer for every node on the way (see ``_deep_scope``).
+_DEEP = 32
+
+# Past this many bindings of one name, ``reaching`` looks them up in source order instead of scanning them all.
+_ORDERED_FROM = 16
+
+
+class _OrderedBindings:
+    """One name's bindings (a list of ``FileIndex``) in source order, for ``reaching`` in logarithmic time: a
+    name bound thousands of times (a training loop repeated at module level, a notebook's cells) made every
+    read of it scan them all. Gives the same answer as the scan, ties included: among bindings at the same
+    position the first in the list wins, and the ``+=`` case takes the last plain binding in list order."""
+
+    def __init__(self, bindings: list[Binding]) -> None:
+        self.bindings = bindings
+        self.found = [b for b in bindings if b.kind != "del"]
+        # (position, list index) of every binding that is not a `del`, in source order
+        self.order = sorted(range(len(bindings)), key=lambda i: (position(bindings[i].stmt), i))
+        self.order = [i for i in self.order if bindings[i].kind != "del"]
+        self.positions = [position(bindings[i].stmt) for i in self.order]
+        self.at_statement: dict[int, list[int]] = {}  # id(statement) -> ranks in `order` of its bindings
+        for rank, i in enumerate(self.order):
+            self.at_statement.setdefault(id(bindings[i].stmt), []).append(rank)
+        # plain (not `+=`) bindings' list indices by rank, -1 for `+=`: range maxima by a sparse table
+        table = [i if bindings[i].kind != "augassign" else -1 for i in self.order]
+        self.sparse = [table]
+        width = 1
+        while 2 * width <= len(table):
+            last = self.sparse[-1]
+            self.sparse.append([max(last[k], last[k + width]) for k in range(len(table) - 2 * width + 1)])
+            width *= 2
+
+    def _range_max(self, start: int, stop: int) -> int:
+        """The largest entry of the sparse table's base over ranks ``start`` to ``stop - 1`` (-1 if empty)."""
+        if start >= stop:
+            return -1
+        level = (stop - start).bit_length() - 1
+        row = self.sparse[level]
+        return max(row[start], row[stop - (1 << level)])
+
+    def last_before(self, at: ast.AST) -> list[Binding]:
+        """``FileIndex.last_bound_before`` for these bindings."""
+        if not self.found:
+            return []
+        limit = bisect.bisect_left(self.positions, position(at))
+        if limit == 0:
+            return list(self.found)
+        first = bisect.bisect_left(self.positions, self.positions[limit - 1])  # the first in list order there
+        return [self.bindings[self.order[first]]]
+
+    def reaching(self, index: FileIndex, at: ast.AST) -> list[Binding]:
+        """``FileIndex.reaching`` for these bindings."""
+        if not self.found:
+            return []
+        bindings, order = self.bindings, self.order
+        limit = bisect.bisect_left(self.positions, position(at))
+        # Bindings before `at` whose statement holds `at` do not count (`x = f(x)`): the statement and its
+        # ancestors are the only ones that can.
+        excluded = sorted(rank for holder in (at, *index.ancestors(at))
+                          for rank in self.at_statement.get(id(holder), ()) if rank < limit)
+        excluded_set = set(excluded)
+        last_rank = -1
+        for rank in range(limit - 1, -1, -1):
+            if rank not in excluded_set:
+                last_rank = rank
+                break
+        if last_rank < 0:
+            return list(self.found)
+        # the first in list order among the bindings at the last position before `at`
+        top = self.positions[last_rank]
+        rank = last_rank
+        while rank > 0 and self.positions[rank - 1] == top:
+            rank -= 1
+            if rank not in excluded_set:
+                last_rank = rank
+        last = bindings[order[last_rank]]
+        if last.kind != "augassign":
+            return [last]
+        best, start = -1, 0
+        for rank in [*excluded, limit]:
+            best = max(best, self._range_max(start, rank))
+            start = rank + 1
+        return [bindings[best]] if best >= 0 else [last]
 
 
 def _transformers_model(qualname: str | None) -> bool:

@@ -14,6 +14,7 @@ import re
 from typing import TYPE_CHECKING
 
 from trainwise.doctor.context.syntax import argument, init_of, is_const, is_param, keyword, method_call
+from trainwise.doctor.context.values import Built, built_by
 
 if TYPE_CHECKING:
     from trainwise.doctor.context import Context
@@ -67,7 +68,19 @@ class Norms:
                 return any(a is not None and self.value_has_bn(a, attrs, c, 1, excluded) for a, c in args)
         else:
             value = self.ctx.value_of(ast.Name(id=root, ctx=ast.Load()), at)
+            if value is None or not self.value_has_bn(value, attrs, at, 0, excluded):
+                return self._built_has_bn(built_by(self.ctx, ast.Name(id=root, ctx=ast.Load()), at), attrs, excluded)
         return value is not None and self.value_has_bn(value, attrs, at, 0, excluded)
+
+    def _built_has_bn(self, built: Built | None, attrs: list[str], excluded: set[str] | frozenset[str]) -> bool:
+        """What builds the object (a factory, a registry, a class of another file: ``values.built_by``) holds
+        BatchNorm at ``attrs``."""
+        if built is None:
+            return False
+        norms = built.ctx.analysis(Norms)
+        if built.cls is not None:
+            return norms.class_has_bn(built.cls, attrs, 1, None, excluded)
+        return norms.value_has_bn(built.node, attrs, built.node, 1, excluded)
 
     def value_has_bn(self, value: ast.AST, attrs: list[str], at: ast.AST, depth: int,
                       excluded: set[str] | frozenset[str] = frozenset()) -> bool:
@@ -75,7 +88,13 @@ class Norms:
             return False
         if isinstance(value, ast.Name):
             inner = self.ctx.value_of(value, at)
-            return inner is not None and self.value_has_bn(inner, attrs, at, depth + 1, excluded)
+            if inner is not None and self.value_has_bn(inner, attrs, at, depth + 1, excluded):
+                return True
+            return not attrs and not excluded and isinstance(inner, (ast.List, ast.Tuple)) and any(
+                self.value_has_bn(item, [], call, depth + 1) for call in self._added_to(value, at)
+                for item in call.args)  # layers = [stem]; layers.append(Block(...)); nn.Sequential(*layers)
+        if isinstance(value, (ast.List, ast.Tuple)):
+            return not attrs and not excluded and any(self.value_has_bn(item, [], at, depth + 1) for item in value.elts)
         if isinstance(value, ast.Subscript):
             return not attrs and not excluded and self._children_slice_has_bn(value, at, depth)
         if isinstance(value, ast.Attribute):  # features = models.vgg16_bn(weights=...).features
@@ -140,6 +159,12 @@ class Norms:
         if callee is not None and not attrs and not excluded:
             return callee[0].analysis(Norms).builds_bn(callee[1], depth + 1)
         return False
+
+    def _added_to(self, name: ast.Name, at: ast.AST) -> list[ast.Call]:
+        """``name.append(...)``, ``.extend(...)``, ``.insert(...)`` in the function that holds ``at``."""
+        return [c for c in self.ctx.calls_within(self.ctx.scope(at))
+                if method_call(c, "append", "extend", "insert") and isinstance(c.func.value, ast.Name)  # type: ignore[attr-defined]
+                and c.func.value.id == name.id]  # type: ignore[attr-defined]
 
     def _children_slice_has_bn(self, expr: ast.Subscript, at: ast.AST, depth: int) -> bool:
         """``list(resnet.children())[:-1]``: the first children of a torchvision CNN with BatchNorm (its stem

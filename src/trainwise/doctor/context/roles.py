@@ -9,6 +9,7 @@ from trainwise.doctor.context.syntax import (
     _LOADER_NAME,
     _MODEL_CAMEL,
     _MODEL_NAME,
+    Binding,
     LoaderInfo,
     dotted,
     has_star_kwargs,
@@ -86,6 +87,7 @@ _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 _ITERABLE_WRAPPERS = frozenset({"enumerate", "zip", "tqdm", "iter", "reversed", "sorted", "list", "islice",
                                 "progress_bar", "track", "range", "len"})
 
+_CLASS_DEPTH = 4  # base classes followed to find nn.Module
 _CLASS_NAME = re.compile(r"_*[A-Z]\w*[a-z]\w*")  # ResNet, OutputModel: a class by its spelling (G, D, VGG: unsure)
 
 
@@ -112,6 +114,10 @@ class Roles:
         if not isinstance(node, (ast.Name, ast.Attribute)):
             return None
         bindings = self.bindings_of(node)
+        # the answer depends on the name's bindings (and its name, the same for all of them): once per list
+        return self.memo_bindings("loader", bindings, lambda: self._loader_from(node, bindings))
+
+    def _loader_from(self, node: ast.Name | ast.Attribute, bindings: list[Binding]) -> LoaderInfo | None:
         for b in bindings:
             if (b.kind in ("assign", "walrus") and not b.unpacked and isinstance(b.value, ast.Call)
                     and self.is_loader_call(b.value)):
@@ -156,7 +162,16 @@ class Roles:
         cached = self._cache.get(key)  # type: ignore[arg-type]
         if cached is not None:
             return cached  # type: ignore[return-value]
-        result = self._is_module(node, depth)
+        in_progress = self._modules_in_progress
+        if id(node) in in_progress:
+            self._module_cycles += 1  # asked again while answering it: answers found meanwhile are partial
+            result = self._is_module(node, depth)
+        else:
+            in_progress.add(id(node))
+            try:
+                result = self._is_module(node, depth)
+            finally:
+                in_progress.discard(id(node))
         self._cache[key] = result  # type: ignore[index]
         return result
 
@@ -187,8 +202,24 @@ class Roles:
         return bool(_SUBMODULE_ATTR.fullmatch(node.attr)) and self.is_module(node.value, depth + 1)
 
     def _module_from_bindings(self, node: ast.AST, depth: int) -> bool | None:
+        """The verdict of a name's bindings (all say module, or all say not), computed once per list of
+        bindings and depth unless the answer went through a question still being answered (a cycle)."""
+        bindings = self.bindings_of(node)
+        if not bindings:
+            return None
+        key = (("module_from_bindings", depth), id(bindings))
+        known = self._per_bindings.get(key)
+        if known is not None and known[0] is bindings:
+            return known[1]  # type: ignore[return-value]
+        cycles = self._module_cycles
+        verdict = self._module_verdict(bindings, depth)
+        if cycles == self._module_cycles:
+            self._per_bindings[key] = (bindings, verdict)
+        return verdict
+
+    def _module_verdict(self, bindings: list[Binding], depth: int) -> bool | None:
         verdicts = set()
-        for b in self.bindings_of(node):
+        for b in bindings:
             if b.kind == "for" and b.iter is not None:
                 if (method_call(b.iter, "modules", "children") and not b.unpacked) or (
                     method_call(b.iter, "named_modules", "named_children") and b.index == 1
@@ -230,6 +261,58 @@ class Roles:
         if isinstance(func, ast.Attribute) and func.attr in _MODULE_RETURNING and self.is_module(func.value, depth + 1):
             return True
         return None
+
+    def is_module_class(self, cls: ast.ClassDef, depth: int = 0) -> bool:
+        """Whether a class of this file subclasses ``nn.Module``: as the file knows it, or through base classes
+        of this file or of other files of the run (each class of the run answered once per run)."""
+        if cls.name in self.module_classes:
+            return True
+        if depth >= _CLASS_DEPTH:
+            return False
+        for base in cls.bases:
+            if isinstance(base, ast.Name):
+                local = self.class_named(base.id, cls)
+                if local is not None and local is not cls:
+                    if self.is_module_class(local, depth + 1):
+                        return True
+                    continue
+            if self.program is not None and self._module_class_of_run(base, depth + 1):
+                return True
+        return False
+
+    def _module_class_of_run(self, base: ast.expr, depth: int) -> bool:
+        program = self.program
+        assert program is not None
+        symbol = program.resolve(self, base)
+        if symbol is None or symbol.name is None or "." in symbol.name:
+            return False
+        if program.known_module_class(symbol):
+            return True
+
+        def answer() -> bool:
+            found = program.class_of(self, base)
+            return found is not None and found[0].is_module_class(found[1], depth)
+
+        return program.remember(("module class", symbol.path, symbol.name, depth), answer)
+
+    def is_new_object(self, node: ast.AST, at: ast.AST) -> bool:
+        """Whether a name holds an object built where it is bound and never anything else: ``copy =
+        Net(...)``, ``copy = copy.deepcopy(model)`` (a class called, or a deep copy), not a module passed in,
+        returned by a helper or moved with ``.to()`` from another name. A mode set on such an object leaves
+        every other module as it was."""
+        if not isinstance(node, ast.Name):
+            return False
+        found = self.lookup(node.id, at)
+        return bool(found) and all(b.kind == "assign" and not b.unpacked and self._constructs(b.value) for b in found)
+
+    def _constructs(self, value: ast.AST | None) -> bool:
+        """``Net(...)`` (a name spelled like a class) or ``copy.deepcopy(...)``."""
+        if not isinstance(value, ast.Call):
+            return False
+        if self.qualname(value.func) == "copy.deepcopy":
+            return True
+        name = last_name(value.func)
+        return name is not None and bool(_CLASS_NAME.fullmatch(name))
 
     def is_model_call(self, node: ast.AST) -> bool:
         """Whether ``node`` is a forward call ``model(x)`` of a module. A call of a name spelled like a class
@@ -276,11 +359,9 @@ class Roles:
 
     def is_optimizer(self, node: ast.AST) -> bool:
         """Whether ``node`` is an optimizer: assigned from ``torch.optim.<Class>(...)`` or named like one."""
-        for b in self.bindings_of(node):
-            if b.kind == "assign" and isinstance(b.value, ast.Call):
-                q = self.qualname(b.value.func) or ""
-                if q.startswith("torch.optim.") and ".lr_scheduler" not in q and ".swa_utils" not in q:
-                    return True
+        bindings = self.bindings_of(node)
+        if self.memo_bindings("optimizer", bindings, lambda: any(_builds_optimizer(self, b) for b in bindings)):
+            return True
         name = last_name(node)
         return name is not None and bool(_OPTIMIZER_NAME.fullmatch(name))
 
@@ -301,9 +382,21 @@ class Roles:
             return False
         if _LOSS_FN_NAME.fullmatch(name):
             return True
-        for b in self.bindings_of(func):
-            if b.kind == "assign" and isinstance(b.value, ast.Call):
-                inner = self.qualname(b.value.func) or ""
-                if inner.startswith("torch.nn.") and inner.endswith("Loss"):
-                    return True
-        return False
+        bindings = self.bindings_of(func)
+        return self.memo_bindings("loss", bindings, lambda: any(_builds_loss(self, b) for b in bindings))
+
+
+def _builds_optimizer(roles: Roles, b: Binding) -> bool:
+    """``x = torch.optim.<Class>(...)`` (not a scheduler nor an SWA helper)."""
+    if b.kind == "assign" and isinstance(b.value, ast.Call):
+        q = roles.qualname(b.value.func) or ""  # type: ignore[attr-defined]
+        return q.startswith("torch.optim.") and ".lr_scheduler" not in q and ".swa_utils" not in q
+    return False
+
+
+def _builds_loss(roles: Roles, b: Binding) -> bool:
+    """``x = nn.<Name>Loss(...)``."""
+    if b.kind == "assign" and isinstance(b.value, ast.Call):
+        inner = roles.qualname(b.value.func) or ""  # type: ignore[attr-defined]
+        return inner.startswith("torch.nn.") and inner.endswith("Loss")
+    return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import collections
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -48,15 +49,71 @@ class LoaderInfo:
 def walk_own(nodes: Iterable[ast.AST]) -> Iterator[ast.AST]:
     """Every node in and below ``nodes``, nested function, lambda and class definitions excluded."""
     stack = list(nodes)
+    pop, push, extend = stack.pop, stack.append, stack.extend
+    node_class = ast.AST
+    known_fields = _FIELDS
     while stack:
-        node = stack.pop()
+        node = pop()
         if isinstance(node, DEFINITIONS):
             continue
         yield node
-        stack.extend(ast.iter_child_nodes(node))
+        # the children in the order of ast.iter_child_nodes, without its two generators per node
+        fields = known_fields.get(type(node))
+        for field in fields if fields is not None else child_fields(type(node)):
+            value = getattr(node, field, None)
+            if isinstance(value, node_class):
+                push(value)
+            elif type(value) is list:
+                extend([item for item in value if isinstance(item, node_class)])
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def child_fields(node_type: type) -> tuple[str, ...]:
+    """The names of a node type's fields in ``_fields`` order (what ``ast.iter_child_nodes`` looks at), looked
+    up once per type."""
+    found = _FIELDS.get(node_type)
+    if found is None:
+        found = _FIELDS[node_type] = tuple(getattr(node_type, "_fields", ()))
+    return found
+
+
+def iter_children(node: ast.AST) -> list[ast.AST]:
+    """``list(ast.iter_child_nodes(node))``, the same nodes in the same order, made faster."""
+    out: list[ast.AST] = []
+    node_class = ast.AST
+    for field in child_fields(type(node)):
+        value = getattr(node, field, None)
+        if isinstance(value, node_class):
+            out.append(value)
+        elif type(value) is list:
+            out.extend([item for item in value if isinstance(item, node_class)])
+    return out
+
+
+def walk_calls(container: ast.AST) -> list[ast.Call]:
+    """Every call in and below ``container``, in the order of ``ast.walk`` (breadth first), found faster."""
+    found = []
+    queue = collections.deque([container])
+    pop, push, extend = queue.popleft, queue.append, queue.extend
+    node_class, call_class = ast.AST, ast.Call
+    while queue:
+        node = pop()
+        if isinstance(node, call_class):
+            found.append(node)
+        for field in child_fields(type(node)):
+            value = getattr(node, field, None)
+            if isinstance(value, node_class):
+                push(value)
+            elif type(value) is list:
+                extend([item for item in value if isinstance(item, node_class)])
+    return found
 
 def dotted(node: ast.AST) -> str | None:
     """``a.b.c`` for a chain of names and attributes, else None."""
+    if type(node) is ast.Name:
+        return node.id  # the most common case, asked millions of times
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from trainwise.doctor.context import dotted, is_const, last_name, method_call
+from trainwise.doctor.context import Binding, dotted, is_const, last_name, method_call
 from trainwise.doctor.context.counting import counting, is_zero_binding
 from trainwise.doctor.rule import FixAvailability, Rule
 
@@ -155,8 +155,19 @@ class SampleCountDividedByBatches(Rule):
         return [] if self._increment_kind(expr) == "sample" else None
 
     def _accumulates_samples(self, expr: ast.AST, at: ast.AST) -> list[ast.AST] | None:
+        """The statements that increment ``expr``, all by per-sample sums; None when one does otherwise. The
+        same for every read of the name (a notebook divides the same ``correct`` in every cell): once per list
+        of bindings, unless ``at`` is one of them."""
+        bindings = self.ctx.bindings_of(expr, at)
+        statements = self.ctx.memo_bindings("statements", bindings, lambda: {id(b.stmt) for b in bindings})
+        if id(at) in statements:
+            return self._increments(expr, at, bindings)
+        return self.ctx.memo_bindings(("TW101 increments", dotted(expr)), bindings,
+                                      lambda: self._increments(expr, at, bindings))
+
+    def _increments(self, expr: ast.AST, at: ast.AST, bindings: list[Binding]) -> list[ast.AST] | None:
         increments: list[ast.AST] = []
-        for b in self.ctx.bindings_of(expr, at):
+        for b in bindings:
             stmt = b.stmt
             if b.kind == "augassign" and isinstance(stmt, ast.AugAssign):
                 if isinstance(stmt.op, (ast.Div, ast.Mult)):

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainwise.doctor.context import Context, is_const, keyword, last_name, method_call, position
-from trainwise.doctor.context.functions import reaches_call
+from trainwise.doctor.context.functions import functions, reaches_call
 from trainwise.doctor.context.modules import mode_free_class
 from trainwise.doctor.rule import Rule
 
@@ -57,9 +57,9 @@ class EvaluationInTrainMode(Rule):
     registry `MODELS[name](...)`): it counts as a module when the file calls it like one (`model(x)`) and
     uses it as one (`.parameters()`, `.train()`/`.eval()`, `.state_dict()`/`.load_state_dict()`, `.cuda()`,
     `.requires_grad_()`); a registry function, a tokenizer, a scikit-learn estimator or a pipeline moved
-    with `.to()` (which runs its own no-grad) is not. A model of a class of the run whose layers are all known
-    and act alike in both modes (convolutions, activations, LayerNorm, InstanceNorm; no dropout, BatchNorm or
-    recurrent layer: a StarGAN generator tested in train mode on purpose) is not reported.
+    with `.to()` (which runs its own no-grad) is not. A model whose layers all act alike in both modes (an MLP,
+    convolutions without dropout or BatchNorm) is reported too, and the message says so: its numbers are
+    right today and wrong the day a dropout or BatchNorm layer is added.
 
     ## Why is this bad?
     Dropout and BatchNorm behave differently in the two modes. Evaluating in train mode drops activations at
@@ -144,15 +144,16 @@ class EvaluationInTrainMode(Rule):
             for call in calls:
                 if self.ctx.under_unknown_with(call, _TRANSPARENT_WITH) or self._loaded_model(call):
                     continue
-                if self._mode_free_model(call):
-                    continue  # no dropout nor BatchNorm in it: eval() would change nothing this rule is about
                 kind, before = "an evaluation loop", "before the loop"
                 if isinstance(region, _FUNCTIONS) and self.ctx.enclosing_loop(call) is None:
                     kind, before = f"the evaluation function `{region.name}`", "before the forward"
+                effect = ("no layer of it depends on the mode today, but one dropout or BatchNorm layer added "
+                          "later changes the numbers" if self._mode_free_model(call)
+                          else "dropout and BatchNorm act as in training")
                 self.report(
                     call,
                     f"`{self.ctx.segment(call.func)}` runs in {kind}, but nothing puts it in eval mode"
-                    f"{where}: dropout and BatchNorm act as in training; call `.eval()` {before}",
+                    f"{where}: {effect}; call `.eval()` {before}",
                     related=related,
                 )
                 break
@@ -230,23 +231,26 @@ class EvaluationInTrainMode(Rule):
         if not any(method_call(c, "backward") for c in self.ctx.nodes(ast.Call)):
             return
         evaluating = [r for r, _ in regions]
+        evaluating_functions = {id(r) for r in evaluating if isinstance(r, _FUNCTIONS)}
         candidates = []
         for tp in _LOOPS:
             for loop in self.ctx.nodes(tp):
-                if any(self.ctx.is_inside(loop, r) for r in evaluating if isinstance(r, _FUNCTIONS)):
+                if evaluating_functions and any(id(a) in evaluating_functions for a in self.ctx.ancestors(loop)):
                     continue  # a loop of the evaluation itself
                 reached = (loop, *self.ctx.helpers_called(loop))
                 if not any(_calls_backward(n) for n in reached):
                     continue
                 eval_calls = [c for n in reached for c in self.ctx.calls_within(n) if _sets_eval(c)
-                              and self._inside_evaluation(c, evaluating)]
+                              and self._inside_evaluation(c, evaluating) and not self._on_a_copy(c, loop)]
                 if not eval_calls or any(_sets_train(c) for n in reached for c in self.ctx.calls_within(n)):
                     continue
                 if self._trains_in_eval_mode(reached, eval_calls, evaluating):
                     continue
                 candidates.append(loop)
+        chosen = {id(loop) for loop in candidates}
+        holding = {id(a) for other in candidates for a in self.ctx.ancestors(other) if id(a) in chosen}
         for loop in candidates:
-            if any(other is not loop and self.ctx.is_inside(other, loop) for other in candidates):
+            if id(loop) in holding:
                 continue  # the innermost loop that trains and evaluates reports
             self.report(
                 loop,
@@ -271,6 +275,21 @@ class EvaluationInTrainMode(Rule):
                        for c in self.ctx.calls_within(fn)):
                     return True
         return False
+
+    def _on_a_copy(self, call: ast.Call, loop: ast.AST) -> bool:
+        """The ``.eval()`` acts on a model built apart from the one trained (``eval_model = Net(...)``, loaded
+        with the weights, then ``evaluate(eval_model)``): the trained model's mode is untouched. The receiver is
+        followed through the helpers the loop calls to the expression it stands for in the loop."""
+        receiver = call.func.value  # type: ignore[attr-defined]
+        summaries = functions(self.ctx)
+        if self.ctx.scope(call) is self.ctx.scope(loop):
+            tops: list[ast.expr | None] = [receiver]
+        else:
+            tops = [summaries.translate(receiver, r.params) for r in summaries.reached(loop)
+                    if self.ctx.is_inside(call, r.function)]
+        forwards = {c.func.id for c in self.ctx.calls_within(loop) if isinstance(c.func, ast.Name)}
+        return bool(tops) and all(isinstance(top, ast.Name) and top.id not in forwards
+                                  and self.ctx.is_new_object(top, top) for top in tops)
 
     def _inside_evaluation(self, call: ast.Call, evaluating: list[ast.AST]) -> bool:
         if any(self.ctx.is_inside(call, r) for r in evaluating):

@@ -23,7 +23,8 @@ class MissingZeroGrad(Rule):
 
     Without an optimizer, it finds a loop that calls `backward()` and updates parameters by hand from their own
     gradient (`p.data -= lr * p.grad`, `p.data.add_(p.grad, alpha=-lr)`, `with torch.no_grad(): w -= lr *
-    w.grad`), in the loop or in a helper of any file of the run that the loop calls (`sgd_step(params, lr)`),
+    w.grad`), also from a value computed from it (`g = p.grad.clone(); dist.all_reduce(g); p.data -= lr * g /
+    world`), in the loop or in a helper of any file of the run that the loop calls (`sgd_step(params, lr)`),
     while nothing there clears the gradient (`p.grad = None`, `p.grad.zero_()`, `model.zero_grad()`).
 
     When the loop steps several optimizers (a GAN's generator and discriminator), each one's gradients must
@@ -50,7 +51,8 @@ class MissingZeroGrad(Rule):
     average that reads no gradients).
 
     The updates by hand are judged the same way, and the rule stays silent when the gradient is cleared in the
-    loop or in a helper it calls (d2l's `sgd` zeroes what it applied), when the updated tensor is made anew in
+    loop or in a helper it calls (d2l's `sgd` zeroes what it applied), when the update reads gradients from
+    `torch.autograd.grad` (fresh tensors each call, nothing accumulates), when the updated tensor is made anew in
     the loop (`adv = adv.detach().requires_grad_()` in an adversarial attack: a fresh leaf each step), outside
     loops, in a loop with no backward pass (an optimizer's own `step()`), and when the loop also steps an
     optimizer (judged as above).
@@ -104,6 +106,7 @@ class MissingZeroGrad(Rule):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._manual_reported: set[int] = set()
+        self._trains: bool | None = None
 
     def visit_For(self, node: ast.For) -> None:
         """A ``for`` loop."""
@@ -118,7 +121,7 @@ class MissingZeroGrad(Rule):
         self._check(node)
 
     def _check(self, loop: ast.For | ast.AsyncFor | ast.While) -> None:
-        if "backward" not in self.ctx.method_receivers and "step" not in self.ctx.method_receivers:
+        if not self._may_train():
             return
         calls = _own_calls(loop)
         if not any(self._is_backward(c) for c in calls):
@@ -173,13 +176,22 @@ class MissingZeroGrad(Rule):
                 f"call `{optimizer}.zero_grad()` before its backward pass",
             )
 
+    def _may_train(self) -> bool:
+        """A cheap first test: the file calls ``backward()`` or ``step()`` somewhere (``loss_fn(...).backward()``
+        has no dotted receiver, so the receivers' table alone does not tell)."""
+        if self._trains is None:
+            receivers = self.ctx.method_receivers
+            self._trains = "backward" in receivers or "step" in receivers or ("backward" in self.ctx.source and any(
+                node.attr in ("backward", "manual_backward") for node in self.ctx.nodes(ast.Attribute)))  # type: ignore[attr-defined]
+        return self._trains
+
     # --------------------------------------------------------------------------- updates without an optimizer
     def _check_manual(self, loop: ast.AST, calls: list[ast.Call]) -> None:
         """A loop that runs ``backward()`` and updates parameters by hand from their ``.grad``
         (``p.data -= lr * p.grad``), in the loop or in a helper it calls, and clears no gradient."""
         inner = [n for n in _own_loops(loop) if any(self._is_backward(c) for c in _own_calls(n))]
         found: list[tuple[ast.AST, str, ast.AST | None, Context]] = []  # (report at, parameter, update, its file)
-        for node, base in _manual_updates(walk_own(ast.iter_child_nodes(loop))):
+        for node, base in _manual_updates(self.ctx, walk_own(ast.iter_child_nodes(loop))):
             if any(self.ctx.is_inside(node, n) for n in inner):
                 continue  # an inner loop with its own backward decides
             if not self._rebound_in(base, node, loop):
@@ -190,7 +202,7 @@ class MissingZeroGrad(Rule):
             for other, fn in callees(self.ctx, call):
                 if isinstance(fn, ast.Lambda) or fn is self.ctx.scope(loop):
                     continue
-                updates = _manual_updates(walk_own(fn.body))
+                updates = _manual_updates(other, walk_own(fn.body))
                 if updates:
                     found.append((call, updates[0][1], updates[0][0], other))
                     break
@@ -370,31 +382,43 @@ def _base(expr: ast.AST) -> str | None:
     return dotted(expr)
 
 
-def _reads_grad_of(expr: ast.AST, base: str) -> bool:
-    """Whether ``expr`` reads ``<base>.grad`` (``lr * p.grad``, ``p.grad.data``, ``p.grad / n``)."""
-    return any(isinstance(n, ast.Attribute) and n.attr == "grad" and _base(n.value) == base for n in ast.walk(expr))
+def _reads_grad_of(ctx: Context, expr: ast.AST, base: str, at: ast.AST, depth: int = 0) -> bool:
+    """Whether ``expr`` reads ``<base>.grad`` (``lr * p.grad``, ``p.grad.data``, ``p.grad / n``), also through
+    names bound to a value computed from it before ``at`` (``g = all_reduce(p.grad) / world; p.data -= lr *
+    g``). A loop target (``for p, g in zip(params, grads)``) is not followed: ``torch.autograd.grad`` results
+    do not accumulate."""
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Attribute) and node.attr == "grad" and _base(node.value) == base:
+            return True
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id != base and depth < 4:
+            for b in ctx.reaching(node, at):
+                if (b.kind in ("assign", "augassign", "walrus") and b.value is not None
+                        and _reads_grad_of(ctx, b.value, base, b.stmt, depth + 1)):
+                    return True
+    return False
 
 
-def _manual_updates(nodes: Iterable[ast.AST]) -> list[tuple[ast.AST, str]]:
+def _manual_updates(ctx: Context, nodes: Iterable[ast.AST]) -> list[tuple[ast.AST, str]]:
     """Parameter updates by hand from their own gradient: ``p -= lr * p.grad``, ``p.data = p.data - lr *
-    p.grad``, ``p.data.add_(p.grad, alpha=-lr)``, ``p.sub_(lr * p.grad)``; each with the parameter's name."""
+    p.grad``, ``p.data.add_(p.grad, alpha=-lr)``, ``p.sub_(lr * p.grad)``, also from a name computed from the
+    gradient (``p.data -= lr * grad_mean``); each with the parameter's name."""
     found = []
     for node in nodes:
         if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Sub, ast.Add)):
             base = _base(node.target)
-            if base is not None and _reads_grad_of(node.value, base):
+            if base is not None and _reads_grad_of(ctx, node.value, base, node):
                 found.append((node, base))
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.BinOp):
             target = node.targets[0]
             base = _base(target) if isinstance(target, ast.Attribute) and target.attr == "data" else None
-            if base is not None and _reads_grad_of(node.value, base) and any(
+            if base is not None and _reads_grad_of(ctx, node.value, base, node) and any(
                     _base(n) == base for n in (node.value.left, node.value.right)):
                 found.append((node, base))
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
               and node.func.attr in ("add_", "sub_")):
             base = _base(node.func.value)
             given = (*node.args, *(k.value for k in node.keywords))
-            if base is not None and any(_reads_grad_of(a, base) for a in given):
+            if base is not None and any(_reads_grad_of(ctx, a, base, node) for a in given):
                 found.append((node, base))
     return sorted(found, key=lambda f: position(f[0]))
 

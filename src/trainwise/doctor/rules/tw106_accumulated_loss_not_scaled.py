@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from trainwise.doctor.context import dotted, is_const, keyword, last_name, method_call, walk_own
 from trainwise.doctor.context.functions import functions
+from trainwise.doctor.context.losses import MEAN, losses
 from trainwise.doctor.rule import Rule
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -26,11 +27,17 @@ class AccumulatedLossNotScaled(Rule):
     """Gradient accumulation (`step()` every k batches) whose loss is not divided by k before `backward()`.
 
     ## What it does
-    Finds gradient accumulation, `optimizer.step()` only under `if (i + 1) % k == 0` (`k` may be
-    `self.grad_accum`, `args.gradient_accumulation_steps`), with `backward()` on every batch, when the loss
-    given to `backward()` is the plain output of a known mean-reduced loss (`criterion(...)` built from an
-    `nn.*Loss` class, `F.cross_entropy(...)`, a Hugging Face `outputs.loss`), not divided by k, by a token
-    count, or otherwise rescaled.
+    Finds gradient accumulation, `optimizer.step()` only under `if (i + 1) % k == 0` (`k` may be any
+    expression: `self.grad_accum`, `args.gradient_accumulation_steps`, `cfg["subdivisions"]`), with `backward()`
+    on every batch, when the loss given to `backward()` is the plain output of a known mean-reduced loss
+    (`criterion(...)` built from an `nn.*Loss` class, `F.cross_entropy(...)`, a Hugging Face `outputs.loss`),
+    not divided by k, by a token count, or otherwise rescaled.
+
+    The loss may also come from a loss function of another file of the run, or the `forward` of a loss class
+    (of the file or another one), that returns a mean over the samples: mean-reduced losses, `x.mean()`, and
+    sums and constant multiples of these (`0.05 * box_loss + cls_loss`, terms added up over a model's heads
+    in `for i, p in enumerate(predictions)`), also as the first element of a tuple (`loss, parts =
+    compute_loss(outputs, targets)`).
 
     Each batch is the loop around the `if`, or, when there is none, the function holding it (a
     `training_step` method called once a micro-batch that counts `self.global_step`). The backward may run
@@ -47,13 +54,17 @@ class AccumulatedLossNotScaled(Rule):
 
     The rule stays silent when the loss is divided or multiplied anywhere on its way (`loss / k`,
     `loss /= k`, `loss = loss / self.accum` before the backward, `loss * scale`, division by a token
-    count), also inside the helper that computes the loss or calls `backward()`; when the loss comes from
-    an unknown function, a custom loss class, a helper returning several values, or is not mean-reduced;
+    count), also inside the helper that computes the loss or calls `backward()` (there a constant weight
+    counts as rescaling only when it is 1/k); when the loss comes from an unknown function or is not
+    mean-reduced: a `reduction="sum"` loss (k micro-batch sums are the full batch's sum, as in a YOLO loss
+    summed over every cell), terms added up in a loop that may go over the batch's samples (`range(n)`,
+    `zip(predictions, targets)`, a loop over images), a weight given as an argument;
     when the gradients are rescaled by hand before the step; when `accelerator.backward(loss)` does the
     backward (it scales by itself when configured); when a step or a `zero_grad()` outside the `if` runs on
     every batch, in the loop or in a function it calls (nothing is accumulated: the `if` steps something
-    else, a weight average); and, in a step function without a loop, for backward calls inside the
-    function's own loops.
+    else, a weight average); for a backward in a branch of another `if` that steps or zeroes by itself (a
+    GAN whose players each update every few batches); and, in a step function without a loop, for backward
+    calls inside the function's own loops.
 
     `trainwise lab accumulation` measures it: gradient accumulation: loss / k vs counted.
 
@@ -93,11 +104,17 @@ class AccumulatedLossNotScaled(Rule):
     name = "accumulated-loss-not-scaled"
     message = "gradients are accumulated over k steps but the loss is not divided by k"
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._k: float | None = None  # the period, when it is a number: a factor of 1/k is the rescaling
+
     def visit_If(self, node: ast.If) -> None:
         """``if (i + 1) % k == 0: optimizer.step()``."""
         k = _modulo_divisor(node.test)
         if k is None or is_const(k, 1) or self.ctx.constant(k) == 1:
             return
+        value = self.ctx.constant(k)
+        self._k = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
         if not self._steps(node.body):
             return
         window = self._window(node)
@@ -110,7 +127,7 @@ class AccumulatedLossNotScaled(Rule):
         k_text = self.ctx.segment(k) or "k"
         reported: set[int] = set()
         for call, container, params, site in candidates:
-            if id(call) in reported:
+            if id(call) in reported or self._stepped_apart(site if site is not None else call, window):
                 continue
             target = call.func.value  # type: ignore[attr-defined]
             if method_call(target, "scale") and len(target.args) == 1:  # type: ignore[attr-defined]
@@ -123,6 +140,21 @@ class AccumulatedLossNotScaled(Rule):
                     f"divided by `{k_text}`: the step applies {k_text} times the mean gradient; divide the loss "
                     f"by `{k_text}` (or by the window's sample or token count)",
                 )
+
+    def _stepped_apart(self, node: ast.AST, window: ast.AST) -> bool:
+        """Whether ``node`` runs in a branch of another ``if`` of the window that steps or zeroes gradients
+        itself (a GAN's ``if i % d_every == 0: opt_d.zero_grad(); loss_d.backward(); opt_d.step()``): its
+        gradients are not the ones accumulated."""
+        child = node
+        for parent in self.ctx.ancestors(node):
+            if parent is window:
+                return False
+            if isinstance(parent, ast.If):
+                branch = parent.body if any(child is s for s in parent.body) else parent.orelse
+                if any(self._is_step(c) or method_call(c, "zero_grad") for c in _own_calls(branch)):
+                    return True
+            child = parent
+        return False
 
     def _steps(self, statements: list[ast.stmt]) -> bool:
         """An optimizer step in the statements, or in a same-file function they call (``self._step()``)."""
@@ -227,8 +259,11 @@ class AccumulatedLossNotScaled(Rule):
             if b.kind == "param" and caller is not None and caller.site is not None:
                 arg = caller.params.get(expr.id)
                 return arg is not None and self._plain_loss(arg, caller.site, caller.window, depth + 1)
-            if b.kind != "assign" or b.unpacked or b.value is None or not self.ctx.is_inside(b.stmt, loop):
+            if b.kind != "assign" or b.value is None or not self.ctx.is_inside(b.stmt, loop):
                 return False
+            if b.unpacked:  # loss, parts = compute_loss(...): the first element of what it returns
+                return (b.index is not None and isinstance(b.value, ast.Call)
+                        and losses(self.ctx).call(b.value, b.index, self._k) == MEAN)
             return self._plain_loss(b.value, b.stmt, loop, depth + 1, caller)
         if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
             left = self._plain_loss(expr.left, at, loop, depth + 1, caller)
@@ -244,9 +279,12 @@ class AccumulatedLossNotScaled(Rule):
             return False
         if isinstance(expr, ast.Call):
             helpers = self._loss_helpers(expr)
-            if helpers is not None:
-                return all(self._returns_plain_loss(fn, depth) for fn in helpers)
-            return self._mean_loss_call(expr)
+            if helpers is not None and all(self._returns_plain_loss(fn, depth) for fn in helpers):
+                return True
+            if helpers is None and self._mean_loss_call(expr):
+                return True
+            # a loss function of another file, a loss class's forward, terms added up with constant weights
+            return losses(self.ctx).call(expr, None, self._k) == MEAN
         return False
 
     def _loss_helpers(self, call: ast.Call) -> list[ast.FunctionDef | ast.AsyncFunctionDef] | None:

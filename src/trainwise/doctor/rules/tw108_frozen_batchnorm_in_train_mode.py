@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainwise.doctor.context import (
     Context,
     argument,
     dotted,
+    init_of,
     is_bound_method,
     is_const,
     is_param,
@@ -151,6 +152,10 @@ class FrozenBatchnormInTrainMode(Rule):
     name = "frozen-batchnorm-in-train-mode"
     message = "model.train() puts the frozen BatchNorm layers back in train mode: their running statistics change"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reported_freezes: set[int] = set()  # freezes already reported through a helper of another file
+
     @property
     def freezes(self) -> Freezes:
         """What the file freezes (``context/freezes.py``)."""
@@ -226,16 +231,19 @@ class FrozenBatchnormInTrainMode(Rule):
                         or _kept_in_eval(callee, fn, train, param + rest, there)):
                     continue
                 freeze = self.freezes.frozen_at[part]
+                if id(freeze) in self._reported_freezes:
+                    return
+                self._reported_freezes.add(id(freeze))
                 where = program.where(callee, train)
-                self.report(
-                    call,
-                    f"`{fn.name}()` calls `{param + rest}.train()` ({where}), which puts the frozen `{part}` (line "
-                    f"{freeze.lineno}) back in train mode: its BatchNorm layers keep updating their running "  # type: ignore[attr-defined]
-                    f"statistics; call `.eval()` on the frozen part (or its BatchNorm modules) after that "
-                    f"`.train()`, or freeze with trainwise.freeze",
+                self.report(  # at the freeze: the line of the user's that the helper of another file undoes
+                    freeze,
+                    f"`{part}` is frozen here, but `{fn.name}()` (called on line {call.lineno}) runs "
+                    f"`{param + rest}.train()` ({where}), which puts it back in train mode: its BatchNorm layers "
+                    f"keep updating their running statistics; call `.eval()` on the frozen part (or its BatchNorm "
+                    f"modules) after that `.train()`, or freeze with trainwise.freeze",
                     related=(program.place(callee, train, f"`{param + rest}.train()` puts the frozen `{part}` "
                                                           f"back in train mode"),
-                             program.place(self.ctx, freeze, f"`{part}` is frozen here")),
+                             program.place(self.ctx, call, f"`{fn.name}()` is called here")),
                 )
                 return
 
@@ -249,6 +257,7 @@ class FrozenBatchnormInTrainMode(Rule):
             return
         chain = lightning_chain(self.ctx, node)
         if chain is None:
+            self._eval_only_at_construction(node)
             return
         methods = [(c, f) for c, cls in chain for f in cls.body if isinstance(f, _FUNCS)]
         steps = [(c, f) for c, f in methods if f.name == "training_step"]
@@ -276,6 +285,35 @@ class FrozenBatchnormInTrainMode(Rule):
                 related=related,
             )
 
+
+    def _eval_only_at_construction(self, node: ast.ClassDef) -> None:
+        """A module class that freezes a part holding BatchNorm in ``__init__`` and puts it in eval mode there
+        only: the first ``model.train()`` (every training loop and framework calls one) undoes that ``.eval()``,
+        as no ``train()`` override or other method puts the part back in eval."""
+        init = init_of(node)
+        if init is None or not self.ctx.is_module_class(node):
+            return
+        methods = [f for f in node.body if isinstance(f, _FUNCS)]
+        if any(f.name == "train" for f in methods):
+            return
+        for module, stmt, frozen in self.freezes.all():
+            if (not frozen or not module.startswith("self.") or self.ctx.scope(stmt) is not init
+                    or self.freezes.unfrozen(module, "self")):
+                continue
+            evals = [c for c in self.ctx.calls_within(init) if method_call(c, "eval") and not c.args
+                     and dotted(c.func.value) == module]  # type: ignore[attr-defined]
+            if not evals or any(_puts_in_eval(self.ctx, f, module, 0) for f in methods if f is not init):
+                continue
+            if not self.ctx.analysis(Norms).has_bn(module, stmt, self.freezes.unfrozen_below(module, "self")):
+                continue
+            self.report(
+                evals[0],
+                f"`{module}` is frozen and put in eval mode in `__init__` only: the first `.train()` of a "
+                f"`{node.name}` (every training loop and framework calls one) puts it back in train mode and its "
+                f"BatchNorm layers update their running statistics; override `train()` to keep `{module}` in "
+                f"eval mode, or freeze with trainwise.freeze",
+            )
+            return
 
     def _through_framework(self, call: ast.Call) -> bool:
         """``trainer.fit(model)`` of Lightning, ``Trainer(model=model).train()`` of Hugging Face: the framework

@@ -1,10 +1,23 @@
-"""TW109 float16-autocast-without-grad-scaler: fp16 mixed-precision training with no ``GradScaler``."""
+"""TW109 float16-autocast-without-grad-scaler: float16 training (autocast, a float16 model), no ``GradScaler``."""
 
 from __future__ import annotations
 
 import ast
 
-from trainwise.doctor.context import dotted, is_const, keyword, last_name, walk_own
+from trainwise.doctor.context import (
+    Context,
+    argument,
+    dotted,
+    is_bound_method,
+    is_const,
+    keyword,
+    last_name,
+    method_call,
+    position,
+    walk_own,
+)
+from trainwise.doctor.context.freezes import under
+from trainwise.doctor.context.functions import callees, functions
 from trainwise.doctor.rule import Rule
 
 _AUTOCAST = frozenset(
@@ -12,12 +25,15 @@ _AUTOCAST = frozenset(
 )
 _CUDA_DEFAULT_FP16 = frozenset({"torch.cuda.amp.autocast"})
 _FP16 = frozenset({"torch.float16", "torch.half"})
-# Frameworks that scale the loss themselves when they run the backward pass.
-_SCALING_WORDS = ("scaler", "accelerator", "fabric", "engine", "deepspeed")
+_FP16_TENSOR_TYPES = frozenset({"torch.HalfTensor", "torch.cuda.HalfTensor"})
+_OUT_OF_FP16 = frozenset({"torch.float32", "torch.float", "torch.float64", "torch.double", "torch.bfloat16",
+                          "torch.FloatTensor", "torch.cuda.FloatTensor"})
+# Frameworks that scale the loss themselves when they run the backward pass; fp32 master weights, loss scales.
+_SCALING_WORDS = ("scaler", "accelerator", "fabric", "engine", "deepspeed", "loss_scal", "master_param")
 
 
 class Float16AutocastWithoutGradScaler(Rule):
-    """Training under `autocast` with `torch.float16` and no `GradScaler` in the file.
+    """float16 training (under `autocast`, or of a model cast to float16) with no `GradScaler` in the file.
 
     ## What it does
     Finds `torch.autocast(..., dtype=torch.float16)` (also `torch.cuda.amp.autocast()` and
@@ -26,16 +42,29 @@ class Float16AutocastWithoutGradScaler(Rule):
     assigned in the file: `device = "cuda"`, `device = "cuda" if torch.cuda.is_available() else "cpu"` (it
     runs on CUDA wherever a GPU is there), or `device.type` with `device = torch.device(...)` of those.
 
+    Finds pure float16 training too: a module cast to float16 (`model.half()`, `model.to(torch.float16)`,
+    `model.to(dtype=torch.half)`, `model.type(torch.cuda.HalfTensor)`, `model = Net().cuda().half()`) whose
+    parameters an optimizer of the same function or script was built over, when that optimizer steps after
+    the cast, next to a `backward()`: in the same place, or in a function (of the file or another file of
+    the run) that is handed the optimizer (`train(loader, model, optimizer)` once per epoch).
+
     ## Why is this bad?
     float16 has a far smaller range than float32: small gradients underflow to zero and large ones overflow
     to `inf`. `torch.amp.GradScaler` multiplies the loss before `backward()` and divides the gradients before
     the step, skipping steps whose gradients overflowed. Without it, fp16 training silently loses
     gradients (the loss stalls) or diverges to `nan`.
 
+    A model cast to float16 is worse off: its weights and their updates are float16 too, so an update
+    smaller than about a thousandth of a weight rounds away to nothing, on top of the underflowing
+    gradients. Mixed precision keeps float32 weights (autocast computes in float16) and scales the loss.
+
     The rule stays silent on bfloat16 (which has float32's range and needs no scaler), on float16 used for
-    inference only (no `backward()`), on an unknown `dtype=` variable, on a device known to be `"cpu"` (CPU
-    autocast defaults to bfloat16) or not known at all (a function argument, a setting), and when anything
-    in the file looks like a scaler or a framework that scales for you (Accelerate, Fabric, DeepSpeed).
+    inference only (no `backward()`, no optimizer over the float16 model), on an unknown `dtype=` variable,
+    on a device known to be `"cpu"` (CPU autocast defaults to bfloat16) or not known at all (a function
+    argument, a setting), when anything in the file looks like a scaler, a loss scale, float32 master
+    weights or a framework that scales for you (Accelerate, Fabric, DeepSpeed), and on a float16 model that
+    the file casts back (`.float()`, `.to(torch.float32)`) anywhere, casts only after the training, or casts
+    on a path that returns before it (`if args.evaluate: model.half(); validate(...); return`).
 
     `trainwise lab fp16-underflow` measures it: float16 gradients without a scaler vs with one vs bfloat16.
 
@@ -89,7 +118,7 @@ class Float16AutocastWithoutGradScaler(Rule):
         if self._file_scales():
             return
         region = self.ctx.enclosing_loop(call) or self.ctx.scope(call)
-        if isinstance(region, ast.Module) or not self._calls_backward(region):
+        if isinstance(region, ast.Module) or not _calls_backward(self.ctx, region):
             return
         what = "autocast runs in float16 in a loop that calls backward(), and no GradScaler scales the loss"
         if self._via is not None:
@@ -99,6 +128,108 @@ class Float16AutocastWithoutGradScaler(Rule):
             call,
             f"{what}: small gradients underflow to zero; use torch.amp.GradScaler, or dtype=torch.bfloat16",
         )
+
+    def visit_Call(self, node: ast.Call) -> None:
+        """``model.half()``, ``model.to(torch.float16)``: a module whose weights are float16, then trained."""
+        module = self._cast_to_fp16(node)
+        if module is None or self._file_scales() or self._cast_back(module):
+            return
+        optimizer = self._trained_by(module, node)
+        if optimizer is None:
+            return
+        self.report(
+            node,
+            f"`{module}` is cast to float16 and `{optimizer}` trains it with no GradScaler and no float32 master "
+            f"weights: small gradients underflow to zero and small updates round away; keep the weights in "
+            f"float32 and use torch.autocast(dtype=torch.float16) with torch.amp.GradScaler, or bfloat16",
+        )
+
+    def _cast_to_fp16(self, call: ast.Call) -> str | None:
+        """The module ``call`` puts in float16 (``m.half()``, ``m.to(torch.float16)``, ``m.to(dtype=...)``,
+        ``m.type(torch.cuda.HalfTensor)``, ``model = Net().cuda().half()``), or None."""
+        func = call.func
+        if not isinstance(func, ast.Attribute):
+            return None
+        if func.attr == "half":
+            if call.args or call.keywords:
+                return None
+        elif func.attr not in ("to", "type") or not any(
+                self._is_fp16(a) or self.ctx.qualname(a) in _FP16_TENSOR_TYPES
+                for a in (*call.args, *(k.value for k in call.keywords if k.arg in ("dtype", None)))):
+            return None
+        receiver: ast.AST = func.value
+        parent = self.ctx.parent(call)
+        if isinstance(receiver, ast.Call) and isinstance(parent, ast.Assign) and len(parent.targets) == 1:
+            receiver = parent.targets[0]  # model = Net().cuda().half(): the chain's result is the module
+        if not isinstance(receiver, (ast.Name, ast.Attribute)) or not self.ctx.is_module(receiver):
+            return None
+        return dotted(receiver)
+
+    def _cast_back(self, module: str) -> bool:
+        """Whether the file casts ``module``, a part or a holder of it, to another dtype anywhere (``.float()``
+        before training, or after: which runs first is not always clear, so stay silent)."""
+        for call in self.ctx.nodes(ast.Call):
+            if not isinstance(call.func, ast.Attribute):  # type: ignore[attr-defined]
+                continue
+            receiver = dotted(call.func.value)  # type: ignore[attr-defined]
+            if receiver is None or not (under(receiver, module) or under(module, receiver)):
+                continue
+            if method_call(call, "float", "double", "bfloat16") or (method_call(call, "to", "type") and any(
+                    self.ctx.qualname(a) in _OUT_OF_FP16 for a in (*call.args, *(k.value for k in call.keywords)))):  # type: ignore[attr-defined]
+                return True
+        return False
+
+    def _trained_by(self, module: str, cast: ast.Call) -> str | None:
+        """The optimizer, built in the scope of ``cast`` over the parameters of ``module`` (a part or a holder
+        of it), that steps after a backward there or in a function the scope calls after the cast."""
+        scope = self.ctx.scope(cast)
+        for node in self.ctx.nodes(ast.Assign):
+            value = node.value  # type: ignore[attr-defined]
+            q = self.ctx.qualname(value.func) or "" if isinstance(value, ast.Call) else ""
+            if (self.ctx.scope(node) is not scope or not q.startswith("torch.optim.") or "lr_scheduler" in q
+                    or len(node.targets) != 1):  # type: ignore[attr-defined]
+                continue
+            name = dotted(node.targets[0])  # type: ignore[attr-defined]
+            modules = functions(self.ctx).optimizer_modules(node.targets[0]) or set()  # type: ignore[attr-defined]
+            if name is not None and any(under(m, module) or under(module, m) for m in modules) and \
+                    self._steps_after(name, scope, cast):
+                return name
+        return None
+
+    def _steps_after(self, optimizer: str, scope: ast.AST, cast: ast.Call) -> bool:
+        """Whether ``optimizer.step()`` runs after ``cast`` with a backward pass: in the scope itself, or in a
+        function (of this file or another of the run) that a later call of the scope hands the optimizer."""
+        end = self._path_end(cast, scope)
+        later = [n for n in walk_own(ast.iter_child_nodes(scope))
+                 if isinstance(n, ast.Call) and position(cast) < position(n) < end]
+        if any(method_call(n, "step") and dotted(n.func.value) == optimizer for n in later) and \
+                _calls_backward(self.ctx, scope):  # type: ignore[attr-defined]
+            return True
+        for call in later:
+            for ctx, fn in callees(self.ctx, call):
+                names = _parameters_given(ctx, fn, call, optimizer)
+                if names and _calls_backward(ctx, fn) and any(
+                        method_call(n, "step") and dotted(n.func.value) in names  # type: ignore[attr-defined]
+                        for n in walk_own(ast.iter_child_nodes(fn))):
+                    return True
+        return False
+
+    def _path_end(self, node: ast.AST, scope: ast.AST) -> tuple[int, int]:
+        """Where the code after ``node`` stops: the first ``return`` or ``raise`` that follows it in its block or
+        an enclosing one (``if args.evaluate: model.half(); validate(...); return``), else the end of the file."""
+        end = (1 << 30, 0)
+        child = node
+        for parent in self.ctx.ancestors(node):
+            if parent is scope:
+                break
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                block = getattr(parent, field, None)
+                if isinstance(block, list) and any(s is child for s in block):
+                    stops = [position(s) for s in block if isinstance(s, (ast.Return, ast.Raise))
+                             and position(s) > position(child)]
+                    end = min([end, *stops])
+            child = parent
+        return end
 
     def _is_fp16_autocast(self, call: ast.Call) -> bool:
         q = self.ctx.qualname(call.func) or ""
@@ -192,12 +323,25 @@ class Float16AutocastWithoutGradScaler(Rule):
                                    or "GradScaler" in q for q in self.ctx.aliases.values())
         return self._scaled
 
-    def _calls_backward(self, region: ast.AST) -> bool:
-        for node in walk_own(ast.iter_child_nodes(region)):
-            if isinstance(node, ast.Call):
-                func = node.func
-                if isinstance(func, ast.Attribute) and func.attr == "backward" and dotted(func.value) != "torch.autograd":  # noqa: E501
-                    return True
-                if self.ctx.qualname(func) == "torch.autograd.backward":
-                    return True
-        return False
+
+def _parameters_given(ctx: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call, name: str) -> list[str]:
+    """The parameters of ``fn`` (in ``ctx``) to which ``call`` passes the variable ``name``."""
+    method = is_bound_method(fn, ctx.parent(fn))
+    out = []
+    for param in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs):
+        passed = argument(fn, param.arg, call, method=method)
+        if passed is not None and dotted(passed) == name:
+            out.append(param.arg)
+    return out
+
+
+def _calls_backward(ctx: Context, region: ast.AST) -> bool:
+    """Whether code of ``region`` itself (not nested functions) runs a backward pass."""
+    for node in walk_own(ast.iter_child_nodes(region)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr == "backward" and dotted(func.value) != "torch.autograd":
+                return True
+            if ctx.qualname(func) == "torch.autograd.backward":
+                return True
+    return False

@@ -5,12 +5,13 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from trainwise.doctor.context import dotted, is_const, method_call, position
+from trainwise.doctor.context import Context, dotted, is_const
+from trainwise.doctor.context.freezes import Freezes
 from trainwise.doctor.rule import FixAvailability, Rule
 
 
 class RequiresGradOnModule(Rule):
-    """`requires_grad = False` assigned to a module, where it freezes nothing.
+    """`requires_grad` set where torch never reads it: on a module, or under a misspelt name.
 
     ## What it does
     Finds `<module>.requires_grad = False` where the object is an `nn.Module` (a model, a submodule such
@@ -19,18 +20,29 @@ class RequiresGradOnModule(Rule):
     the same code froze before: `model.classifier[3].requires_grad = True` after
     `for p in model.parameters(): p.requires_grad = False` or `model.requires_grad_(False)`.
 
+    Finds a misspelt `requires_grad` too (`p.require_grad = False`, `requires_grads`, `requiresGrad`,
+    `reqires_grad`: within two edits of it) on a parameter (a loop variable over `model.parameters()`,
+    `layer.weight`), a module, or a tensor made by a torch factory (`torch.zeros(...)`, with `= True`).
+
     ## Why is this bad?
     `requires_grad` is an attribute of tensors. On a module, the assignment just creates a new Python
     attribute that nothing reads: every parameter still requires grad, the "frozen" backbone keeps
     training, and nothing warns. `module.requires_grad_(False)` sets the flag on every parameter. The same
     goes the other way: `= True` on a layer of a frozen model unfreezes nothing, and the layer meant to
-    be fine-tuned stays frozen; `module.requires_grad_(True)` unfreezes it.
+    be fine-tuned stays frozen; `module.requires_grad_(True)` unfreezes it. A misspelt name is worse still:
+    tensors and modules take any new attribute, so `p.require_grad = False` freezes nothing, silently.
 
     The rule stays silent on the attribute of a tensor or a parameter (`p.requires_grad = False` in a
-    loop over `model.parameters()`, `model.fc.weight.requires_grad = False`), on `= True` when nothing
-    around it was frozen before in the same function or script (parameters require grad already, so it
-    changes nothing), when the freeze was conditional (`if` inside the loop over `named_parameters()`, which
-    may spare that very layer), and on `= True` on the frozen model itself.
+    loop over `model.parameters()`, `model.fc.weight.requires_grad = False`), on a value that may be one
+    (a loop over `[self.patch_embed, self.cls_token]` that holds an `nn.Parameter`, the `except` branch of a
+    `try` that calls `.parameters()` on it), on `= True` when nothing around it was frozen before in the same
+    function or script (parameters require grad already, so it changes nothing), when the freeze was
+    conditional (`if` inside the loop over `named_parameters()`, which may spare that very layer), when the
+    part was unfrozen again or assigned anew after the freeze (`model.fc = nn.Linear(...)`: a new layer
+    trains), and on `= True` on the frozen model itself. A misspelt name stays unreported on an object of
+    unknown kind (a config, an argument), on an object's own attribute (`self.require_grad = flag`), when
+    code of the run reads an attribute of that name, on `= True` on a parameter nothing froze and on
+    `= False` on a new tensor.
 
     ## Example
     ```python
@@ -49,9 +61,10 @@ class RequiresGradOnModule(Rule):
     ```
 
     ## Fix safety
-    The fix rewrites the statement as `<module>.requires_grad_(False)` (or `(True)`). It is safe in the
-    sense that it does what the line says; it does change behaviour, since the parameters then stop (or
-    start) training, which was the intent. It is offered when the assignment has a single target.
+    The fix rewrites the statement as `<module>.requires_grad_(False)` (or `(True)`), and a misspelt name
+    on a parameter or tensor as `requires_grad`. It is safe in the sense that it does what the line says;
+    it does change behaviour, since the parameters then stop (or start) training, which was the intent. It
+    is offered when the assignment has a single target.
     """
 
     code = "TW110"
@@ -59,12 +72,14 @@ class RequiresGradOnModule(Rule):
     message = "`requires_grad = False` on a module freezes nothing; use `.requires_grad_(False)`"
     fix_availability = FixAvailability.SOMETIMES
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._frozen: list[ast.AST] | None = None
+    @property
+    def freezes(self) -> Freezes:
+        """What the file freezes (``context/freezes.py``)."""
+        return self.ctx.analysis(Freezes)
 
     def visit_Assign(self, node: ast.Assign) -> None:
-        """``<module>.requires_grad = False``, or ``= True`` on a part of a model frozen before."""
+        """``<module>.requires_grad = False`` (``= True`` on a part of a model frozen before), and a misspelt
+        ``requires_grad`` on a parameter, tensor or module."""
         if is_const(node.value, False):
             flag = False
         elif is_const(node.value, True):
@@ -72,79 +87,93 @@ class RequiresGradOnModule(Rule):
         else:
             return
         for target in node.targets:
-            if not (isinstance(target, ast.Attribute) and target.attr == "requires_grad"):
-                continue
-            if not self.ctx.is_module(target.value):
-                continue
-            if flag and not self._frozen_before(target.value, node):
-                continue  # parameters require grad already: True on the module changes nothing either way
-            text = dotted(target.value) or self.ctx.segment(target.value) or "module"
-            fix = None
-            if len(node.targets) == 1:
-                fix = self.make_fix(node, _to_method_call, f"use {text}.requires_grad_({flag})")
-            if flag:
-                message = (f"`{text}` is a module: `requires_grad = True` on it unfreezes nothing, its parameters "
-                           f"stay frozen; use `{text}.requires_grad_(True)` (or loop over its `.parameters()`)")
-            else:
-                message = (f"`{text}` is a module: `requires_grad = False` on it freezes nothing; "
-                           f"use `{text}.requires_grad_(False)`")
-            self.report(target, message, fix=fix)
+            if isinstance(target, ast.Attribute) and target.attr == "requires_grad":
+                self._on_module(node, target, flag)
+            elif isinstance(target, ast.Attribute) and misspelt_requires_grad(target.attr):
+                self._misspelt(node, target, flag)
 
-    # ------------------------------------------------------------------------------- = True: unfreezing
-    def _frozen_before(self, module: ast.AST, node: ast.Assign) -> bool:
-        """Whether a model that strictly contains ``module`` (``model`` for ``model.classifier[3]``) had its
-        parameters frozen earlier in the file: ``model.requires_grad_(False)``, or ``p.requires_grad = False``
-        (``p.requires_grad_(False)``) in a loop over ``model.parameters()``/``named_parameters()``."""
-        owners = set()
-        inner = module
-        while isinstance(inner, (ast.Attribute, ast.Subscript)):
-            inner = inner.value
-            owners.add(ast.dump(inner))
-        if not owners:
-            return False
-        scope = self.ctx.scope(node)
-        return any(
-            position(frozen) < position(node) and ast.dump(frozen) in owners and self.ctx.scope(frozen) is scope
-            for frozen in self._frozen_models()
-        )
+    def _on_module(self, node: ast.Assign, target: ast.Attribute, flag: bool) -> None:
+        found = self.freezes.grad_target(target.value, node)
+        if found is None or found[0] != "module":
+            return
+        if flag and self.freezes.holds_frozen(target.value, node) is None:
+            return  # parameters require grad already: True on the module changes nothing either way
+        text = dotted(target.value) or self.ctx.segment(target.value) or "module"
+        fix = None
+        if len(node.targets) == 1:
+            fix = self.make_fix(node, _to_method_call, f"use {text}.requires_grad_({flag})")
+        if flag:
+            message = (f"`{text}` is a module: `requires_grad = True` on it unfreezes nothing, its parameters "
+                       f"stay frozen; use `{text}.requires_grad_(True)` (or loop over its `.parameters()`)")
+        else:
+            message = (f"`{text}` is a module: `requires_grad = False` on it freezes nothing; "
+                       f"use `{text}.requires_grad_(False)`")
+        self.report(target, message, fix=fix)
 
-    def _frozen_models(self) -> list[ast.AST]:
-        """The modules whose parameters the file freezes, all of them, each as the expression naming it."""
-        if self._frozen is not None:
-            return self._frozen
-        found: list[ast.AST] = []
-        self._frozen = found
-        for call in self.ctx.nodes(ast.Call):
-            if method_call(call, "requires_grad_") and len(call.args) == 1 and is_const(call.args[0], False):
-                found.append(call.func.value)  # type: ignore[attr-defined]
-        for tp in (ast.For, ast.AsyncFor):
-            for loop in self.ctx.nodes(tp):
-                it = loop.iter  # type: ignore[attr-defined]
-                if not method_call(it, "parameters", "named_parameters"):
-                    continue
-                target = loop.target  # type: ignore[attr-defined]
-                if isinstance(target, ast.Tuple) and len(target.elts) == 2:
-                    target = target.elts[1]
-                if not isinstance(target, ast.Name):
-                    continue
-                if any(_freezes(stmt, target.id) for stmt in loop.body):  # type: ignore[attr-defined]
-                    found.append(it.func.value)  # type: ignore[attr-defined]
-        return found
+    def _misspelt(self, node: ast.Assign, target: ast.Attribute, flag: bool) -> None:
+        """``p.require_grad = False``: torch keeps the misspelt attribute and never reads it."""
+        found = self.freezes.grad_target(target.value, node)
+        if found is None or dotted(target.value) in ("self", "cls") or self._read_back(target.attr):
+            return  # unknown, an object's own attribute, or one the code reads: not a misspelt flag
+        kind, holder = found
+        if kind == "tensor" and not flag:
+            return  # a new tensor does not require grad: False changes nothing
+        if kind != "tensor" and flag and (
+                holder is None or self.freezes.holds_frozen(holder, node, itself=kind == "parameter") is None):
+            return  # parameters require grad already
+        text = self.ctx.segment(target.value) or "tensor"
+        if kind == "module":
+            right = f"{text}.requires_grad_({flag})"
+            fix = self.make_fix(node, _to_method_call, f"use {right}") if len(node.targets) == 1 else None
+        else:
+            right = f"{text}.requires_grad = {flag}"
+            fix = self.make_fix(node, _rename_attribute, f"write {right}") if len(node.targets) == 1 else None
+        effect = ("the tensor still gets no gradient" if kind == "tensor"
+                  else "this unfreezes nothing" if flag else "this freezes nothing")
+        self.report(target, f"`{target.attr}` is not `requires_grad`: torch keeps the misspelt attribute and never "
+                            f"reads it, so {effect}; write `{right}`", fix=fix)
+
+    def _read_back(self, attr: str) -> bool:
+        """Whether code of the file (or of another file of the run) reads an attribute of that name."""
+        def reads(ctx: Context) -> list[str]:
+            return [ctx.path] if any(n.attr == attr and isinstance(n.ctx, ast.Load)  # type: ignore[attr-defined]
+                                     for n in ctx.nodes(ast.Attribute)) else []
+
+        program = self.ctx.program
+        return bool(reads(self.ctx) or (program is not None
+                                        and program.gather(f"TW110 reads .{attr}", reads, needles=(attr,))))
 
 
-def _freezes(node: ast.AST, name: str) -> bool:
-    """``name.requires_grad = False`` or ``name.requires_grad_(False)`` (a statement of the loop's own body: one
-    under an ``if`` may spare the very layer unfrozen later)."""
-    if isinstance(node, ast.Expr):
-        node = node.value
-    if isinstance(node, ast.Assign) and is_const(node.value, False):
-        return any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" and isinstance(t.value, ast.Name)
-                   and t.value.id == name for t in node.targets)
-    if isinstance(node, ast.Call) and method_call(node, "requires_grad_") and len(node.args) == 1:
-        func = node.func
-        return (is_const(node.args[0], False) and isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
-                and func.value.id == name)
-    return False
+def misspelt_requires_grad(name: str) -> bool:
+    """Whether an attribute name is a near-miss of ``requires_grad`` (``require_grad``, ``requires_grads``,
+    ``requiresGrad``, ``reqires_grad``, ``requires_gradient``), within two edits of it once case and
+    underscores are set aside."""
+    if name == "requires_grad":
+        return False
+    folded = name.lower().replace("_", "")
+    return any(_edits(folded, word) <= 2 for word in ("requiresgrad", "requiresgradient"))
+
+
+def _edits(a: str, b: str) -> int:
+    """Edit distance (insertions, deletions, substitutions, swaps of neighbours) between two short words."""
+    previous: list[int] = []
+    row = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        before, previous, row = previous, row, [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], before[j - 2] + 1)
+    return row[-1]
+
+
+def _rename_attribute(node: object, cst: object) -> object:
+    """``p.require_grad = False`` -> ``p.requires_grad = False`` (libcst nodes)."""
+    c: Any = cst
+    target = node.targets[0]  # type: ignore[attr-defined]
+    renamed = target.with_changes(target=target.target.with_changes(attr=c.Name("requires_grad")))
+    return node.with_changes(targets=[renamed])  # type: ignore[attr-defined]
+
 
 def _to_method_call(node: object, cst: object) -> object:
     """``x.requires_grad = False`` -> ``x.requires_grad_(False)`` (libcst nodes). The value node is reused: a

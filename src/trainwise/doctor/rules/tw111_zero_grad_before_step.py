@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from trainwise.doctor.context import DEFINITIONS, dotted, position
+from trainwise.doctor.context.syntax import iter_children
 from trainwise.doctor.rule import Rule
 
 _COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.Match)
@@ -58,6 +59,7 @@ class ZeroGradBeforeStep(Rule):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._reported: set[ast.AST] = set()
+        self._statement_calls: dict[int, list[ast.Call]] = {}  # id(statement) -> _calls(statement)
 
     def visit_Module(self, node: ast.Module) -> None:
         """Scan the module's statements."""
@@ -117,7 +119,7 @@ class ZeroGradBeforeStep(Rule):
             elif isinstance(stmt, _COMPOUND):
                 yield "block", None, _blocks(stmt)
             else:
-                for call in _calls(stmt):
+                for call in self._calls(stmt):
                     event = self._event(call)
                     if event is not None:
                         yield event[0], event[1], call
@@ -127,7 +129,7 @@ class ZeroGradBeforeStep(Rule):
         for stmt in statements:
             if isinstance(stmt, DEFINITIONS):
                 continue
-            for call in _calls(stmt):
+            for call in self._calls(stmt):
                 event = self._event(call)
                 if event is not None:
                     out.append((event[0], event[1], call))
@@ -154,6 +156,15 @@ class ZeroGradBeforeStep(Rule):
         return None
 
 
+    def _calls(self, stmt: ast.stmt) -> list[ast.Call]:
+        """``_calls(stmt)``, once per statement: a block is read at each level of nesting around it, so each
+        statement's calls are found once and those of a compound statement are made from its inner ones."""
+        known = self._statement_calls.get(id(stmt))
+        if known is None:
+            known = self._statement_calls[id(stmt)] = _calls(stmt, self._calls)
+        return known
+
+
 def _blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
     blocks = []
     for field in ("body", "orelse", "finalbody"):
@@ -167,19 +178,26 @@ def _blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
     return blocks
 
 
-def _calls(stmt: ast.AST) -> list[ast.Call]:
-    """Calls inside a statement, nested blocks and functions excluded, in source order."""
+_NOT_DESCENDED = (*DEFINITIONS, ast.stmt)
+
+
+def _calls(stmt: ast.AST, inner: Callable[[ast.stmt], list[ast.Call]] | None = None) -> list[ast.Call]:
+    """Calls inside a statement, nested blocks and functions excluded, in source order. ``inner`` gives those
+    of a statement nested in it (by default, found the same way)."""
     found = []
+    nested: list[ast.stmt] = []
     stack: list[ast.AST] = [stmt]
     while stack:
         node = stack.pop()
         if isinstance(node, ast.Call):
             found.append(node)
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (*DEFINITIONS, ast.stmt)) and child is not stmt:
+        for child in iter_children(node):
+            if isinstance(child, _NOT_DESCENDED) and child is not stmt:
                 if isinstance(child, ast.stmt):
-                    stack.append(child)
+                    nested.append(child)
                 continue
             stack.append(child)
-    found.sort(key=position)
+    for child in nested:
+        found.extend(inner(child) if inner is not None else _calls(child))
+    found.sort(key=position)  # stable: a call and the call it calls (same position) stay outer first
     return found

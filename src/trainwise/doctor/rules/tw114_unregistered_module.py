@@ -109,7 +109,7 @@ class UnregisteredModule(Rule):
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         """A module class: the attributes its ``__init__`` (and the methods it calls) set."""
         init = init_of(node)
-        if init is None or not _is_module_class(self.ctx, node, 0):
+        if init is None or not self.ctx.is_module_class(node):
             return
         nodes = _MethodNodes()
         methods = _reached_from_init(node, init, nodes)
@@ -185,42 +185,6 @@ class UnregisteredModule(Rule):
 
 
 # ------------------------------------------------------------------------------------------------ the class
-def _is_module_class(ctx: Context, cls: ast.ClassDef, depth: int) -> bool:
-    """``cls`` subclasses ``nn.Module``: as the file knows it, or through a base class of another file."""
-    if cls.name in ctx.module_classes:
-        return True
-    if depth >= _DEPTH:
-        return False
-    for base in cls.bases:
-        if isinstance(base, ast.Name):
-            local = ctx.class_named(base.id, cls)
-            if local is not None and local is not cls:
-                if _is_module_class(ctx, local, depth + 1):
-                    return True
-                continue
-        if ctx.program is not None and _module_class_of_run(ctx, base, depth + 1):
-            return True
-    return False
-
-
-def _module_class_of_run(ctx: Context, base: ast.expr, depth: int) -> bool:
-    """Whether ``base`` names a module class of another file of the run; answered once per class of the run
-    (every model file of transformers derives from ``PreTrainedModel``: its file is not parsed again each time)."""
-    program = ctx.program
-    assert program is not None
-    symbol = program.resolve(ctx, base)
-    if symbol is None or symbol.name is None or "." in symbol.name:
-        return False
-    if program.known_module_class(symbol):
-        return True
-
-    def answer() -> bool:
-        found = program.class_of(ctx, base)
-        return found is not None and _is_module_class(found[0], found[1], depth)
-
-    return program.remember(("TW114 module class", symbol.path, symbol.name, depth), answer)
-
-
 def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
     return {fn.name: fn for fn in cls.body if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
@@ -523,7 +487,7 @@ def _held(ctx: Context, item: ast.expr, depth: int) -> tuple[str, bool] | None:
     if (q.startswith("torchvision.models.") and q.rsplit(".", 1)[1][:1].islower()) or q == "timm.create_model":
         return q.rsplit(".", 1)[1], True
     cls, where = _class_called(ctx, item)
-    if cls is not None and where is not None and _is_module_class(where, cls, 0) and _builds_something(cls):
+    if cls is not None and where is not None and where.is_module_class(cls) and _builds_something(cls):
         return cls.name, True
     return None
 

@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from trainwise.doctor.context import Context, dotted, has_star_kwargs, is_const, keyword, last_name, walk_own
+from trainwise.doctor.context import (
+    Context,
+    argument,
+    dotted,
+    has_star_kwargs,
+    is_bound_method,
+    is_const,
+    is_param,
+    keyword,
+    last_name,
+    walk_own,
+)
 from trainwise.doctor.context.functions import FunctionValue, callees, constant_of, function_values
 from trainwise.doctor.rule import Related, Rule
+
+if TYPE_CHECKING:
+    from trainwise.doctor.program import Program
 
 # Seed calls that seed torch's default (CPU) generator: the loader's shuffle order and worker seeds come from it.
 _TORCH_SEEDS = frozenset(
@@ -50,20 +66,25 @@ _RANDOM_TORCH = frozenset(
 )
 _DATASET_METHODS = ("__getitem__", "__getitems__", "__iter__")
 # Calls that seed a global generator of the process they run in (a worker, in a worker_init_fn): what they seed.
+_ALL_THREE = frozenset({"random", "numpy", "torch"})
 _GLOBAL_SEEDERS = {
-    **{q: "`random`, NumPy and torch" for q in _TORCH_SEEDS},
-    "random.seed": "`random`",
-    "numpy.random.seed": "NumPy's global generator",
-    "torch.manual_seed": "torch's generator",
-    "torch.random.manual_seed": "torch's generator",
-    "imgaug.seed": "imgaug's generator",
-    "imgaug.random.seed": "imgaug's generator",
-    "mmcv.runner.set_random_seed": "`random`, NumPy and torch",
-    "mmengine.runner.set_random_seed": "`random`, NumPy and torch",
+    **{q: _ALL_THREE for q in _TORCH_SEEDS},
+    "random.seed": frozenset({"random"}),
+    "numpy.random.seed": frozenset({"numpy"}),
+    "torch.manual_seed": frozenset({"torch"}),
+    "torch.random.manual_seed": frozenset({"torch"}),
+    "imgaug.seed": frozenset({"imgaug"}),
+    "imgaug.random.seed": frozenset({"imgaug"}),
+    "mmcv.runner.set_random_seed": _ALL_THREE,
+    "mmengine.runner.set_random_seed": _ALL_THREE,
 }
+_GENERATOR_NAMES = {"random": "`random`", "numpy": "NumPy's global generator", "torch": "torch's generator",
+                    "imgaug": "imgaug's generator"}
 # Builtins a seed may go through and stay the same value (int(args.seed), abs(seed) % 2**32).
 _SAME_VALUE_CALLS = frozenset({"int", "float", "abs", "round", "min", "max", "str", "getattr"})
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+# Words in the calls that seed a generator (np.random.seed, manual_seed, set_seed, default_rng(s), Random(s)).
+_SEEDING_WORDS = ("seed", "default_rng", "RandomState", "Generator", "Random")
 
 
 class UnseededRandomnessInLoaderWorkers(Rule):
@@ -75,8 +96,10 @@ class UnseededRandomnessInLoaderWorkers(Rule):
     a seeding helper of the project (`set_seed(args.seed)`), or an RNG object it stores
     (`info.dataset.rng = np.random.default_rng(seed)`), with a seed that reads neither the worker id nor
     anything that differs per worker. The function may be a `def`, a lambda, a method, a
-    `functools.partial(f, seed=...)`, or a function imported from another file of the run; the finding is on
-    the loader's `worker_init_fn=` and names the seed call.
+    `functools.partial(f, seed=...)`, a lambda that calls one, or a function imported from another file of the
+    run, and the seed may go through a helper of the run (`init_worker(worker_id, rank, seed)` that seeds with
+    `rank + seed` ignores the worker id it is given). The finding is on the seed call, in the file that defines
+    the function, and names the loader (which may be in another file).
 
     And, in a script that asks for reproducibility (`torch.manual_seed`, `random.seed`, `np.random.seed`,
     `seed_everything`, `set_seed`, `torch.use_deterministic_algorithms(True)`,
@@ -207,16 +230,10 @@ class UnseededRandomnessInLoaderWorkers(Rule):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._seeding: tuple[bool, bool, str] | None = None  # (asks, torch seeded, what is seeded)
-        # loaders whose worker_init_fn seeds every worker alike: (loader, its worker_init_fn=, the function,
-        # the seed call, what it seeds, the worker count)
-        self._alike: list[tuple[ast.Call, ast.expr, FunctionValue, ast.Call, str, object]] = []
 
     def visit_Call(self, node: ast.Call) -> None:
         """``DataLoader(...)``."""
-        if not self.ctx.is_loader_call(node):
-            return
-        self._check_worker_init(node)
-        if has_star_kwargs(node):
+        if not self.ctx.is_loader_call(node) or has_star_kwargs(node):
             return
         workers = self._workers(node)
         if workers is None:
@@ -253,54 +270,38 @@ class UnseededRandomnessInLoaderWorkers(Rule):
         )
 
     # ------------------------------------------------------------------------------------ worker_init_fn
-    def _check_worker_init(self, call: ast.Call) -> None:
-        """A ``worker_init_fn`` that seeds a generator with the same value in every worker."""
-        kw = keyword(call, "worker_init_fn")
-        if kw is None:
-            return
-        count = keyword(call, "num_workers")
-        value = count.value if count is not None else (call.args[5] if len(call.args) > 5 else None)
-        if value is None:
-            return  # DataLoader's default: no worker process (or a count hidden in **kwargs)
-        workers = constant_of(self.ctx, value)
-        if workers is not ... and not (type(workers) is int and workers > 0):
-            return
-        for candidate in function_values(self.ctx, kw.value, call) or ():
-            found = _alike_seed(candidate)
-            if found is not None:
-                self._alike.append((call, kw.value, candidate, found[0], found[1], workers))
-                return
-
     def finish(self) -> None:
-        """One finding per seed call, at the first loader of the file that uses it."""
-        done: set[tuple[str, int, int]] = set()
-        for _, passed, fv, seed, what, workers in sorted(self._alike, key=lambda a: _position(a[0])):
-            key = (fv.ctx.path, seed.lineno, seed.col_offset)
-            if key in done:
+        """The seed calls of this file's functions that give every worker of a loader the same seed, one finding
+        each, at the call: the loaders that run the function may be in any file of the run."""
+        program = self.ctx.program
+        names = _seeding_definitions(self.ctx)
+        if program is None or names is None:
+            return
+        found: dict[tuple[int, int], list[_AlikeWorkerSeed]] = {}
+        for path in (self.ctx.path, *program.importers(self.ctx, names, "worker_init_fn")):
+            for alike in program.remember(("TW201 alike worker seeds", path), lambda p=path: _loaders_of(program, p)):
+                if alike.file == self.ctx.path:
+                    found.setdefault((alike.line, alike.column), []).append(alike)
+        if not found:
+            return
+        calls = {(n.lineno, n.col_offset): n for n in self.ctx.nodes(ast.Call)}  # type: ignore[attr-defined]
+        for key, alikes in sorted(found.items()):
+            call = calls.get(key)
+            if call is None:
                 continue
-            done.add(key)
-            name = getattr(fv.function, "name", "the lambda")
-            name = f"`{name}`" if name != "the lambda" else name
-            program = self.ctx.program
-            where = ""
-            if fv.ctx is not self.ctx and program is not None:
-                where = f" ({program.where(fv.ctx, fv.function)})"
-            worker = fv.parameter(0)
-            ignores = (f"it does not depend on `{worker}`" if worker and not worker.startswith("_")
-                       else "it ignores the worker id")
-            many = f"the {workers} workers" if type(workers) is int else "the workers"
-            text = fv.ctx.segment(seed).strip() or "the seed call"
-            text = text if len(text) <= 60 else text[:57] + "..."
-            related: tuple[Related, ...] = ()
-            if program is not None:
-                related = (program.place(fv.ctx, seed, f"seeds {what} with the same value in every worker"),)
+            alikes.sort(key=lambda a: (a.loader.path != self.ctx.path, a.loader.path, a.loader.line))
+            first = alikes[0]
+            many = f"its {first.workers} workers" if first.workers is not None else "its workers"
+            loader = (f"line {first.loader.line}" if first.loader.path == self.ctx.path and first.loader.cell is None
+                      else first.loader.where())
             self.report(
-                passed,
-                f"worker_init_fn {name}{where} seeds {what} with `{text}`, the same value in every worker "
-                f"({ignores}): {many} draw the same random numbers (the same augmentations for different "
-                f"samples), undoing the distinct seed torch gives each worker; seed from "
-                f"`torch.initial_seed() % 2**32` (which differs per worker and per epoch) or add the worker id",
-                related=related,
+                call,
+                f"{first.function}, run in each worker of the DataLoader ({loader}), seeds {first.what} with "
+                f"`{first.text}`, the same value in every worker ({first.ignores}): {many} draw the same random "
+                f"numbers (the same augmentations for different samples), undoing the distinct seed torch gives "
+                f"each worker; seed from `torch.initial_seed() % 2**32` (which differs per worker and per epoch) or "
+                f"add the worker id",
+                related=tuple(dict.fromkeys(a.loader for a in alikes))[:3],
             )
 
     # ------------------------------------------------------------------------------------------ the loader
@@ -451,17 +452,102 @@ class UnseededRandomnessInLoaderWorkers(Rule):
 
 
 # ------------------------------------------------------------------------------------- worker seeding
-def _alike_seed(fv: FunctionValue) -> tuple[ast.Call, str] | None:
+@dataclass(frozen=True)
+class _AlikeWorkerSeed:
+    """A seed call of a worker_init_fn that gives every worker the same seed (its file, line and column), as
+    seen from one loader with workers that runs the function (``loader``: its ``worker_init_fn=``). No syntax
+    tree: gathered once per run from every file (``Program.gather``)."""
+
+    file: str
+    line: int
+    column: int
+    function: str  # `seed_worker`, `Reseed.__call__`, or "the lambda"
+    ignores: str  # "it does not depend on `worker_id`"
+    what: str  # what it seeds: "NumPy's global generator"
+    text: str  # the seed call's source, shortened
+    workers: int | None
+    loader: Related
+
+
+def _seeding_definitions(ctx: Context) -> list[str] | None:
+    """The top-level functions and classes of a file that seed something (by the name of the calls they make),
+    which a worker_init_fn of another file may be; None when the file seeds nothing at all: no worker_init_fn
+    can seed in it (a cheap test before the files that import it are read)."""
+    if not any(word in ctx.source for word in _SEEDING_WORDS):
+        return None
+    names: dict[str, None] = {}
+    for call in ctx.nodes(ast.Call):
+        name = last_name(call.func) or ""  # type: ignore[attr-defined]
+        if any(word in name for word in _SEEDING_WORDS):
+            top = [a for a in ctx.ancestors(call) if isinstance(a, (*_FUNCS, ast.ClassDef))]
+            if top and ctx.parent(top[-1]) is ctx.tree:
+                names[top[-1].name] = None  # type: ignore[union-attr]
+    return list(names)
+
+
+def _loaders_of(program: Program, path: str) -> list[_AlikeWorkerSeed]:
+    """``_alike_worker_seeds`` of a file of the run, read if it names ``worker_init_fn``."""
+    ctx = program.context(path)
+    return _alike_worker_seeds(ctx) if ctx is not None and "worker_init_fn" in ctx.source else []
+
+
+def _alike_worker_seeds(ctx: Context) -> list[_AlikeWorkerSeed]:
+    """For each ``DataLoader(...)`` of a file that may start workers (``num_workers`` a positive or unknown
+    value), the first seed call of its ``worker_init_fn`` (in whatever file of the run defines it) that seeds a
+    generator alike in every worker."""
+    out = []
+    for call in ctx.nodes(ast.Call):
+        kw = keyword(call, "worker_init_fn")  # type: ignore[arg-type]
+        if kw is None or not ctx.is_loader_call(call):  # type: ignore[arg-type]
+            continue
+        count = keyword(call, "num_workers")  # type: ignore[arg-type]
+        value = count.value if count is not None else (call.args[5] if len(call.args) > 5 else None)  # type: ignore[attr-defined]
+        if value is None:
+            continue  # DataLoader's default: no worker process (or a count hidden in **kwargs)
+        workers = constant_of(ctx, value)
+        if workers is not ... and not (type(workers) is int and workers > 0):
+            continue
+        for candidate in function_values(ctx, kw.value, call) or ():
+            found = _alike_seed(candidate)
+            if found is None:
+                continue
+            where, seed, what, function, worker = found
+            text = where.segment(seed).strip() or "the seed call"
+            program = ctx.program
+            place = (program.place(ctx, kw.value, "the DataLoader whose workers run it") if program is not None
+                     else Related(ctx.path, kw.value.lineno, kw.value.col_offset + 1, "the DataLoader"))
+            out.append(_AlikeWorkerSeed(
+                where.path, seed.lineno, seed.col_offset, _named(where, function),
+                f"it does not depend on `{worker}`" if worker and not worker.startswith("_") else
+                "it ignores the worker id", what, text if len(text) <= 60 else text[:57] + "...",
+                workers if type(workers) is int else None, place))
+            break
+    return out
+
+
+def _named(ctx: Context, fn: ast.AST) -> str:
+    """How a message names a function: `seed_worker`, `Reseed.__call__`, or the lambda."""
+    name = getattr(fn, "name", None)
+    if name is None:
+        return "the lambda"
+    owner = ctx.parent(fn)
+    return f"`{owner.name}.{name}`" if isinstance(owner, ast.ClassDef) else f"`{name}`"
+
+
+def _alike_seed(fv: FunctionValue) -> tuple[Context, ast.Call, str, ast.AST, str | None] | None:
     """The first call of a worker_init_fn that seeds a generator with a value that is the same in every
     worker (it reads neither the worker id nor anything that differs per worker: ``torch.initial_seed()``,
     ``get_worker_info()``, a random draw, any unknown call), with what it seeds; None when every seed may
-    differ, when the same generator is also seeded with a value that may, or when it seeds nothing."""
+    differ, when each generator it seeds alike is also seeded with a value that may, or when it seeds nothing.
+    Returned with its file, the function that holds it and that function's worker id parameter: the seed call
+    of a helper the worker id is passed to and which ignores it (``lambda wid: init_worker(wid, rank, seed)``),
+    else the call in the worker_init_fn."""
     ctx, fn = fv.ctx, fv.function
     worker = fv.parameter(0)
     if worker is None and fn.args.vararg is None:
         return None  # not callable with the worker id: not a worker_init_fn we understand
     body: list[ast.AST] = [fn.body] if isinstance(fn, ast.Lambda) else list(fn.body)
-    alike: list[tuple[ast.Call, str]] = []
+    alike: list[tuple[ast.Call, _Seeded]] = []
     varying: set[str] = set()
     for node in walk_own(body):
         if not isinstance(node, ast.Call):
@@ -469,96 +555,169 @@ def _alike_seed(fv: FunctionValue) -> tuple[ast.Call, str] | None:
         seeded = _seeds(ctx, node)
         if seeded is None:
             continue
-        what, values = seeded
-        if (values and all(_same_in_workers(ctx, fn, worker, v) for v in values)
+        if (seeded.values and all(_same_in_workers(ctx, fn, worker, v) for v in seeded.values)
                 and _runs_in_every_worker(ctx, fn, worker, node)):
-            alike.append((node, what))
+            alike.append((node, seeded))
         else:
-            varying.add(what)
-    for node, what in sorted(alike, key=lambda a: _position(a[0])):
-        if what not in varying:
-            return node, what
+            varying |= seeded.generators
+    for node, seeded in sorted(alike, key=lambda a: _position(a[0])):
+        if not seeded.generators - varying:
+            continue
+        if seeded.origin is not None and worker is not None:
+            other, helper, inner = seeded.origin
+            method = is_bound_method(helper, other.parent(helper))
+            for param in (a.arg for a in (*helper.args.posonlyargs, *helper.args.args)):
+                passed = argument(helper, param, node, method=method)
+                if isinstance(passed, ast.Name) and passed.id == worker:
+                    return other, inner, _Seeded(seeded.generators, []).describe(), helper, param
+        return ctx, node, seeded.describe(), fn, worker
     return None
 
 
-def _seeds(ctx: Context, call: ast.Call, depth: int = 0) -> tuple[str, list[ast.expr]] | None:
+@dataclass(frozen=True)
+class _Seeded:
+    """What one call seeds (``generators``: ``random``, ``numpy``, ``torch``, ``imgaug`` or an RNG attribute),
+    the values it seeds them with, as expressions of the calling function, and the helper it goes through."""
+
+    generators: frozenset[str]
+    values: list[ast.expr]
+    helper: str = ""
+    origin: tuple[Context, ast.FunctionDef | ast.AsyncFunctionDef, ast.Call] | None = None  # the helper's seed call
+
+    def describe(self) -> str:
+        """``NumPy's global generator``, ```random`, NumPy and torch (through `set_seed`)``."""
+        known = [g for g in _GENERATOR_NAMES if g in self.generators]
+        if known == ["random", "numpy", "torch"]:
+            text = "`random`, NumPy and torch"
+        else:
+            names = [_GENERATOR_NAMES[g] for g in known] + sorted(self.generators - set(_GENERATOR_NAMES))
+            text = ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
+        return f"{text} (through `{self.helper}`)" if self.helper else text
+
+
+def _seeds(ctx: Context, call: ast.Call, depth: int = 0) -> _Seeded | None:
     """What a call seeds and the values it seeds it with: a global generator (``np.random.seed(s)``), an RNG
-    object stored on an attribute (``info.dataset.rng = np.random.default_rng(s)``), or a seeding helper of the
-    run whose body seeds a global generator with what it is given (``set_seed(s)``)."""
+    object stored on an attribute (``info.dataset.rng = np.random.default_rng(s)``), or a function of the run
+    whose body seeds a global generator (``set_seed(s)``, ``init_worker(worker_id, rank, seed)``): then the
+    values are the arguments the call gives the parameters those seeds read (a constant when they read none)."""
     q = ctx.qualname(call.func)
     values = [a for a in call.args[:1] if not isinstance(a, ast.Starred)]
     values += [kw.value for kw in call.keywords if kw.arg in ("seed", "a")]
     if q in _GLOBAL_SEEDERS:
-        return _GLOBAL_SEEDERS[q], values
+        return _Seeded(_GLOBAL_SEEDERS[q], values)
     if q in _RNG_CLASSES:
         parent = ctx.parent(call)
         if (isinstance(parent, ast.Assign) and len(parent.targets) == 1
                 and isinstance(parent.targets[0], ast.Attribute) and call.args):
-            return f"`{dotted(parent.targets[0]) or 'an RNG'}` (a {_RNG_CLASSES[q]})", values
+            return _Seeded(frozenset({f"`{dotted(parent.targets[0]) or 'an RNG'}` (a {_RNG_CLASSES[q]})"}), values)
         return None
     name = last_name(call.func) or ""
     if q is not None and ctx.program is not None and ctx.program.resolve(ctx, call.func) is None:
         return None  # a library function: only the known ones above count
-    if "seed" not in name.lower() or depth > 1 or name in _NOT_SEEDING:
+    if depth > 1 or name in _NOT_SEEDING:
         return None
     for other, fn in callees(ctx, call):
-        whats: list[str] = []
+        generators: set[str] = set()
+        read: set[str] = set()
+        first: ast.Call | None = None
         for inner in sorted((n for n in walk_own(fn.body) if isinstance(n, ast.Call)), key=_position):
             seeded = _seeds(other, inner, depth + 1)
-            if seeded is not None and seeded[1] and all(_same_in_workers(other, fn, None, v) for v in seeded[1]):
-                whats.append(seeded[0])
-        if whats:
-            args = [a for a in call.args if not isinstance(a, ast.Starred)] + [k.value for k in call.keywords]
-            return f"{', '.join(dict.fromkeys(whats))} (through `{name}`)", args
+            if seeded is None or not seeded.values:
+                continue
+            inputs = [_inputs(other, fn, v) for v in seeded.values] + [_guard_inputs(other, fn, inner)]
+            if all(i is not None for i in inputs):
+                generators |= seeded.generators
+                read.update(*inputs)  # type: ignore[misc]
+                first = first or inner
+        if generators and first is not None:
+            return _Seeded(frozenset(generators), _passed(other, fn, call, read), name, (other, fn, first))
     return None
+
+
+def _passed(callee: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call,
+            read: set[str]) -> list[ast.expr]:
+    """The arguments ``call`` gives the parameters ``read`` of ``fn`` (defaults need none: they are the same
+    everywhere); the call itself, which no check takes for a constant, when one cannot be told (``*args``)."""
+    method = is_bound_method(fn, callee.parent(fn))
+    out: list[ast.expr] = []
+    for name in sorted(read):
+        passed = argument(fn, name, call, method=method) if is_param(fn, name) else None
+        if passed is None:
+            if not is_param(fn, name) or argument(fn, name, call, method=method, default=True) is None:
+                return [call]
+            continue
+        out.append(passed)
+    return out or [ast.Constant(0)]
 
 
 def _position(node: ast.AST) -> tuple[int, int]:
     return getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
 
 
-def _same_in_workers(ctx: Context, fn: ast.AST, worker: str | None, expr: ast.AST,
-                     seen: frozenset[str] = frozenset()) -> bool:
-    """Whether ``expr`` (in ``fn``) has the same value in every worker: built from constants, the function's
-    other parameters (bound by ``partial``, or defaults), names of the enclosing scopes (``args.seed``, a rank)
-    and local variables built the same way, through arithmetic and ``int()``-like builtins; not from the
-    worker id parameter, ``*args``, or any other call (``torch.initial_seed()``, ``get_worker_info()``)."""
+def _same_in_workers(ctx: Context, fn: ast.AST, worker: str | None, expr: ast.AST) -> bool:
+    """Whether ``expr`` (in ``fn``) has the same value in every worker: it reads neither the worker id
+    parameter nor ``*args`` (see ``_inputs``)."""
+    inputs = _inputs(ctx, fn, expr)
     args = getattr(fn, "args", None)
     star = {a.arg for a in (getattr(args, "vararg", None), getattr(args, "kwarg", None)) if a is not None}
+    return inputs is not None and worker not in inputs and not inputs & star
+
+
+def _inputs(ctx: Context, fn: ast.AST, expr: ast.AST, seen: frozenset[str] = frozenset()) -> set[str] | None:
+    """The parameters of ``fn`` that ``expr`` (in ``fn``) reads, directly or through local variables, when
+    everything else it reads is the same in every worker: constants, names of the enclosing scopes
+    (``args.seed``, a rank), arithmetic and ``int()``-like builtins; None when it reads something that may
+    differ per worker by itself: any other call (``torch.initial_seed()``, ``get_worker_info()``, a draw)."""
+    args = getattr(fn, "args", None)
+    star = {a.arg for a in (getattr(args, "vararg", None), getattr(args, "kwarg", None)) if a is not None}
+    read: set[str] = set()
     for n in ast.walk(expr):
         if isinstance(n, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.NamedExpr,
                           ast.Await, ast.Yield, ast.YieldFrom)):
-            return False
+            return None
         if isinstance(n, ast.Call):
             func = n.func
             if isinstance(func, ast.Name) and func.id in _SAME_VALUE_CALLS and not ctx.lookup(func.id, n):
                 continue
             if isinstance(func, ast.Attribute) and func.attr == "get" and not n.keywords:
                 continue  # cfg.get("seed", 0)
-            return False
-        if not isinstance(n, ast.Name) or not isinstance(n.ctx, ast.Load):
+            return None
+        if not isinstance(n, ast.Name) or not isinstance(n.ctx, ast.Load) or n.id in seen:
             continue
-        if n.id == worker or n.id in star:
-            return False
-        if n.id in seen:
-            continue
+        if n.id in star or is_param(fn, n.id):
+            read.add(n.id)
         for b in ctx.bindings.get((fn, n.id), ()):
             if b.kind == "param":
                 continue
             if b.kind not in ("assign", "augassign") or b.unpacked or b.value is None:
-                return False
-            if not _same_in_workers(ctx, fn, worker, b.value, seen | {n.id}):
-                return False
-    return True
+                return None
+            inner = _inputs(ctx, fn, b.value, seen | {n.id})
+            if inner is None:
+                return None
+            read |= inner
+    return read
 
 
 def _runs_in_every_worker(ctx: Context, fn: ast.AST, worker: str | None, node: ast.AST) -> bool:
     """Whether nothing that may differ per worker decides if ``node`` runs (``if worker_id == 0:``)."""
+    guard = _guard_inputs(ctx, fn, node)
+    args = getattr(fn, "args", None)
+    star = {a.arg for a in (getattr(args, "vararg", None), getattr(args, "kwarg", None)) if a is not None}
+    return guard is not None and worker not in guard and not guard & star
+
+
+def _guard_inputs(ctx: Context, fn: ast.AST, node: ast.AST) -> set[str] | None:
+    """The parameters of ``fn`` read by the tests that decide whether ``node`` runs; None when a test may
+    differ per worker by itself, or when ``node`` is in a loop."""
+    read: set[str] = set()
     for up in ctx.ancestors(node):
         if up is fn:
-            return True
-        if isinstance(up, (ast.If, ast.IfExp, ast.While)) and not _same_in_workers(ctx, fn, worker, up.test):
-            return False
+            return read
+        if isinstance(up, (ast.If, ast.IfExp, ast.While)):
+            inputs = _inputs(ctx, fn, up.test)
+            if inputs is None:
+                return None
+            read |= inputs
         if isinstance(up, (ast.For, ast.AsyncFor)):
-            return False
-    return True
+            return None
+    return read

@@ -15,6 +15,7 @@ from trainwise.doctor.context import (
     position,
     walk_own,
 )
+from trainwise.doctor.context.checkpoint_paths import path_pattern, same_file
 from trainwise.doctor.context.checkpoints import WRAPPER_NAMES, Checkpoints, Keys
 from trainwise.doctor.context.functions import constant_of
 from trainwise.doctor.rule import Related, Rule
@@ -25,11 +26,12 @@ class _SavedTo:
     """A wrapped model's state dict saved to a known file, as another file of the run sees it (no ast)."""
 
     file: str  # the file that saves (for a helper: the file that calls it)
-    path: str
+    path: str  # the constant path, or "" when only a pattern is known
     keys: Keys
     saved: str
     prefix: str
     places: tuple[Related, ...]
+    pattern: str = ""  # the path as a pattern (``*/ckpt_*.pth``), for paths built from arguments
 
 
 class UncheckedNonStrictLoad(Rule):
@@ -50,7 +52,18 @@ class UncheckedNonStrictLoad(Rule):
     constant path (a string, or a constant imported from a module of the run such as `config.CKPT`), also
     through a helper of a third file (`save_checkpoint(dp_model, optimizer, epoch, "last.pth")` calling
     `torch.save({"model": model.state_dict(), ...}, path)` in `utils/checkpoint.py`); the finding names the
-    save, and the model loaded into may be a class of another file of the run.
+    save, and the model loaded into may be a class of another file of the run, or be built by a factory
+    function of the run whose every `return` builds one bare (`net = create_model(cfg)`).
+
+    The model may be wrapped on some runs only (`if torch.cuda.device_count() > 1: net =
+    nn.DataParallel(net)`, then `net = net.to(device)`). The paths need not be constants: a path joined or
+    formatted from arguments (`os.path.join(args.out, "best.pth")`, `f"{cfg.out}/epoch_{epoch}.ckpt"`) is
+    read as a pattern (`*/best.pth`, `*/epoch_*.ckpt`), the save's and the load's matching when their file
+    names are the same with a stem of their own (not `*.pth`) in folders that may be the same; the load may
+    pick the file from a glob (`sorted(glob.glob(...))[-1]`, `max(folder.glob(...), key=...)`). The state dict
+    may be saved by a method of a checkpoint-writer class of the run (`writer.save({"net": net.state_dict()},
+    step)`, its folder and file stem read from the constructor call) and read back through a loading function
+    of the run (`state, epoch = load_latest(folder, "ckpt")`, which returns `ckpt["model"], ckpt["epoch"]`).
 
     ## Why is this bad?
     A wrapper's state dict has `module.` (DataParallel/DDP) or `_orig_mod.` (`torch.compile`) in front of
@@ -73,8 +86,12 @@ class UncheckedNonStrictLoad(Rule):
     `ddp_model.load_state_dict(...)`), when its keys are rewritten or the loaded dict is passed to anything
     before the load (`{k.replace("module.", ""): v ...}`, `k[7:]`, `removeprefix`,
     `consume_prefix_in_state_dict_if_present`; a file that strips these prefixes anywhere is left alone), when
-    the paths differ or cannot be told equal, when the model loaded into is of unknown kind (a parameter,
-    `build_model()`), and when a helper saves models that are wrapped on one call and bare on another.
+    the paths differ or cannot be told equal (file names that say nothing of their own, `f"{name}.pth"`;
+    two different constant folders), when the model loaded into is of unknown kind (a parameter,
+    `build_model()` of a library), when a helper saves models that are wrapped on one call and bare on
+    another, when the helper decides what to save from the model it is given (`if isinstance(model,
+    nn.DataParallel): torch.save(model.module.state_dict(), ...)`), and when a loading helper rewrites the
+    keys before returning them.
 
     `trainwise lab strict-false` measures it: wrapped checkpoints: strict=False vs load_weights.
 
@@ -163,26 +180,41 @@ class UncheckedNonStrictLoad(Rule):
         program = self.ctx.program
         if not saves and (program is None or len(program.paths) < 2):
             return
-        source = facts.loaded_from(state, load)
-        if source is None:
-            return
-        path, keys = source
         target = load.func.value  # type: ignore[attr-defined]
         advice = (f"the bare `{dotted(target)}`'s do not, so the strict load fails with missing and unexpected keys; "
                   f"save the inner model's state_dict() (`.module`, `._orig_mod`) or strip the prefix before loading")
-        for save in saves:
-            if save.keys == keys and facts.same_path(save.path, save.path_at, path, load) and facts.bare(target, load):
-                where = f"{save.saved} ({WRAPPER_NAMES[save.prefix]}, line {save.save.lineno})"
-                self.report(load, f"this state dict was saved from the wrapped {where}: its keys start with "
-                                  f"`{save.prefix}`, {advice}")
+        source = facts.loaded_from(state, load)
+        wanted: object = ...
+        if source is not None:
+            path, keys = source
+            for save in saves:
+                if save.keys == keys and facts.same_path(save.path, save.path_at, path, load) and facts.bare(
+                        target, load):
+                    where = f"{save.saved} ({WRAPPER_NAMES[save.prefix]}, line {save.save.lineno})"
+                    self.report(load, f"this state dict was saved from the wrapped {where}: its keys start with "
+                                      f"`{save.prefix}`, {advice}")
+                    return
+            wanted = constant_of(self.ctx, path)
+            pattern = path_pattern(self.ctx, path, load)
+        else:  # read through a helper that loads (``ckpt = load_latest(folder)[0]``)
+            through = facts.load_pattern(state, load)
+            if through is None:
                 return
-        wanted = constant_of(self.ctx, path)
-        if program is None or not isinstance(wanted, str):
+            pattern, keys = through
+        if program is None:
             return
         for saved in program.gather("TW302 wrapped saves", _saves_to_files, ("state_dict",)):
-            if saved.file != self.ctx.path and saved.path == wanted and saved.keys == keys and facts.bare(target, load):
+            if saved.keys != keys:
+                continue
+            if saved.file != self.ctx.path and isinstance(wanted, str) and saved.path == wanted:
+                to = repr(wanted)
+            elif "*" in saved.pattern + pattern and same_file(saved.pattern, pattern):
+                to = f"a file named like {saved.pattern!r}"
+            else:
+                continue
+            if facts.bare(target, load):
                 self.report(load, f"this state dict was saved from the wrapped {saved.saved} "
-                                  f"({WRAPPER_NAMES[saved.prefix]}, {saved.places[0].where()}) to {wanted!r}: its "
+                                  f"({WRAPPER_NAMES[saved.prefix]}, {saved.places[0].where()}) to {to}: its "
                                   f"keys start with `{saved.prefix}`, {advice}", related=saved.places)
                 return
 
@@ -198,9 +230,15 @@ def _saves_to_files(ctx: Context) -> list[_SavedTo]:
     out = []
     for save in facts.wrapped_saves():
         path = constant_of(ctx, save.path)
-        if isinstance(path, str):
-            place = program.place(ctx, save.save, f"saved from the wrapped {save.saved}")
-            out.append(_SavedTo(ctx.path, path, save.keys, save.saved, save.prefix, (place,)))
+        pattern = path if isinstance(path, str) else path_pattern(ctx, save.path, save.path_at)
+        place = program.place(ctx, save.save, f"saved from the wrapped {save.saved}")
+        out.append(_SavedTo(ctx.path, path if isinstance(path, str) else "", save.keys, save.saved, save.prefix,
+                            (place,), pattern))
+    for helper in facts.helper_saves():
+        places = (program.place(ctx, helper.call, f"the wrapped {helper.saved}"),
+                  program.place(helper.callee, helper.save, f"`{helper.function}()` saves its state dict here"))
+        path = helper.pattern if "*" not in helper.pattern else ""
+        out.append(_SavedTo(ctx.path, path, helper.keys, helper.saved, helper.prefix, places, helper.pattern))
     for fn in ctx.tree.body:
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             saves = _param_saves(ctx, fn)

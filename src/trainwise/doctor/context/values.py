@@ -1,0 +1,155 @@
+"""What builds a value: the class (of the run) or the outside call that constructs the object a name holds.
+
+``model = MODELS[name](num_classes=10)`` with ``name = "mobilenet"`` and ``MODELS = {"mobilenet": mobilenet}``
+in ``nets/__init__.py``, ``def mobilenet(**kw): net = MobileNet(**kw); return net`` in ``nets/mobilenet.py``:
+the object is a ``MobileNet`` of ``nets/mobilenet.py``. ``built_by(ctx, expr, at)`` follows names (every
+assignment of the name, which must agree), calls of factory functions of the run (through their ``return``),
+classes of the run, and dict registries subscripted with a constant key, in this file or another file of the
+run. The answer is a ``Built``: a class of the run with its file's context, or the outside call that builds
+the object (``torchvision.models.resnet50(...)``), which the caller may know about. Anything else is None:
+the question leans towards "unknown", as every question of the context does.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainwise.doctor.context import Context
+
+_DEPTH = 6  # names, factories and registries followed, at most
+_FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+@dataclass(frozen=True)
+class Built:
+    """A class of the run (``node`` is its ``ClassDef``) or an outside call (``node`` is the ``Call``), with
+    the context of the file that holds ``node``."""
+
+    ctx: Context
+    node: ast.ClassDef | ast.Call
+
+    @property
+    def cls(self) -> ast.ClassDef | None:
+        return self.node if isinstance(self.node, ast.ClassDef) else None
+
+
+def built_by(ctx: Context, expr: ast.AST, at: ast.AST, depth: int = 0) -> Built | None:
+    """The class or outside call that builds the object ``expr`` holds at ``at`` (see the module docstring)."""
+    if depth > _DEPTH:
+        return None
+    if isinstance(expr, ast.Name):
+        return _from_bindings(ctx, expr, at, depth)
+    if isinstance(expr, ast.Call):
+        value = ctx.strip_moves(expr)
+        if value is not expr:
+            return built_by(ctx, value, at, depth + 1)
+        return _called(ctx, expr.func, expr, at, depth)
+    return None
+
+
+def _from_bindings(ctx: Context, name: ast.Name, at: ast.AST, depth: int) -> Built | None:
+    """Every assignment of the name must build the same thing (``if vit: model = R[k](a) else: model = R[k](b)``
+    both give the registry's class); a parameter, a loop variable or an unpacking is unknown."""
+    found: Built | None = None
+    bindings = ctx.lookup(name.id, at)
+    if not bindings:
+        return _imported(ctx, name, depth)
+    for binding in bindings:
+        if binding.kind != "assign" or binding.unpacked or binding.value is None:
+            return None
+        value = ctx.strip_moves(binding.value)
+        if isinstance(value, ast.Name) and value.id == name.id:
+            continue  # model = model.cuda()
+        built = built_by(ctx, value, binding.stmt, depth + 1)
+        if built is None or (found is not None and (built.node is not found.node)):
+            return None
+        found = built
+    return found
+
+
+def _imported(ctx: Context, name: ast.Name, depth: int) -> Built | None:
+    """A module-level object of another file of the run (``from nets import model``)."""
+    program = ctx.program
+    symbol = program.resolve(ctx, name) if program is not None else None
+    if program is None or symbol is None or symbol.name is None or "." in symbol.name:
+        return None
+    other = program.context(symbol.path)
+    if other is None:
+        return None
+    return _from_bindings(other, ast.Name(id=symbol.name, ctx=ast.Load()), other.tree, depth + 1)
+
+
+def _called(ctx: Context, func: ast.expr, call: ast.Call | None, at: ast.AST, depth: int) -> Built | None:
+    """What calling ``func`` builds: a class of the run, a factory function of the run (what it returns), an
+    entry of a dict registry, or else the outside call itself."""
+    if isinstance(func, ast.Subscript):
+        entry = _registry_entry(ctx, func, at, depth)
+        return None if entry is None else _called(entry[0], entry[1], None, entry[1], depth + 1)
+    if isinstance(func, ast.Name):
+        cls = ctx.class_named(func.id, at)
+        if cls is not None:
+            return Built(ctx, cls)
+        local = [fn for fn in ctx.functions_named(func.id) if ctx.scope(fn) is ctx.tree]
+        if len(local) == 1:
+            return _returned(ctx, local[0], depth)
+    program = ctx.program
+    if program is not None and isinstance(func, (ast.Name, ast.Attribute)):
+        symbol = program.resolve(ctx, func)
+        if symbol is not None and symbol.name is not None:
+            found = program.class_of(ctx, func)
+            if found is not None:
+                return Built(found[0], found[1])
+            function = program.function(symbol)
+            if function is not None:
+                return _returned(function[0], function[1], depth)
+            return None  # something of the run this question does not follow
+    return Built(ctx, call) if call is not None and ctx.qualname(func) is not None else None
+
+
+def _returned(ctx: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef, depth: int) -> Built | None:
+    """What a factory function returns, when every ``return`` of it (not of a nested function) agrees."""
+    found: Built | None = None
+    returns = [n for n in ast.walk(fn) if isinstance(n, ast.Return) and ctx.scope(n) is fn]
+    if not returns:
+        return None
+    for ret in returns:
+        if ret.value is None:
+            return None
+        built = built_by(ctx, ret.value, ret, depth + 1)
+        if built is None or (found is not None and built.node is not found.node):
+            return None
+        found = built
+    return found
+
+
+def _registry_entry(ctx: Context, subscript: ast.Subscript, at: ast.AST, depth: int) -> tuple[Context, ast.expr] | None:
+    """``MODELS[key]`` with a constant key and ``MODELS`` a dict literal of this file or another: the entry's
+    value expression, with the context of the file that holds the dict."""
+    key = ctx.constant(subscript.slice)
+    if not isinstance(key, str) or not isinstance(subscript.value, ast.Name):
+        return None
+    table = _dict_literal(ctx, subscript.value, at, depth)
+    if table is None:
+        return None
+    owner, literal = table
+    for k, v in zip(literal.keys, literal.values):
+        if k is not None and owner.constant(k) == key:
+            return owner, v
+    return None
+
+
+def _dict_literal(ctx: Context, name: ast.Name, at: ast.AST, depth: int) -> tuple[Context, ast.Dict] | None:
+    bindings = ctx.lookup(name.id, at)
+    if len(bindings) == 1 and bindings[0].kind == "assign" and isinstance(bindings[0].value, ast.Dict):
+        return ctx, bindings[0].value
+    program = ctx.program
+    if bindings or program is None or depth > _DEPTH:
+        return None
+    symbol = program.resolve(ctx, name)
+    other = program.context(symbol.path) if symbol is not None and symbol.name is not None else None
+    if other is None or symbol is None or "." in (symbol.name or "."):
+        return None
+    return _dict_literal(other, ast.Name(id=symbol.name, ctx=ast.Load()), other.tree, depth + 1)  # type: ignore[arg-type]
