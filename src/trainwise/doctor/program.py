@@ -148,6 +148,7 @@ class Program:
             self.paths.append(ctx.path)
             self._absolute[ctx.path] = _absolute(ctx.path)
         self._keep(ctx)
+        self._index_while_kept(ctx.path)
         return ctx
 
     def parsed(self, path: str, source: str) -> Context | None:
@@ -160,6 +161,7 @@ class Program:
         if ctx is not None and ctx.source == source:
             self._contexts.move_to_end(path)
             self._kept_checked.move_to_end(path)
+            self._index_while_kept(path)
             return ctx
         return None
 
@@ -596,6 +598,12 @@ class Program:
         due = [p for p in self._pending if sealed is None or self._absolute[p].startswith(sealed)]
         for pending in due:
             self._index_calls(pending, self._pending.pop(pending))
+
+    def _index_while_kept(self, path: str) -> None:
+        """Index a pending file's calls when its own check holds it parsed anyway (not a notebook: its check may
+        parse it without a broken cell, a text the program itself never parses)."""
+        if path in self._pending and not path.endswith(".ipynb"):
+            self._index_calls(path, self._pending.pop(path))
 
     def _index_calls(self, path: str, turn: int) -> None:
         """Record the calls of ``path`` that reach a module-level function of another file of the run, in the
