@@ -454,13 +454,7 @@ class Freezes:
         return {a.id for a in items if isinstance(a, ast.Name)}
 
     def _unfreezes(self, receiver: str) -> list[str]:
-        out = []
-        for module, stmt, frozen in self.all():
-            if not frozen:
-                if under(module, "self") and not under(receiver, "self"):
-                    module = receiver + module[len("self"):]
-                out.append(self._iterated(module, stmt) or module)
-        return out
+        return [self._unfrozen_module(module, stmt, receiver) for module, stmt, frozen in self.all() if not frozen]
 
     def _iterated(self, module: str, at: ast.AST) -> str | None:
         """``X`` for a loop variable over ``X.modules()`` / ``X.children()``: unfreezing some of them (the
@@ -502,6 +496,7 @@ class Freezes:
             self.ctx.scope(b.stmt) is scope or b.stmt is scope for b in self.ctx.lookup(name, at))
 
     def _unfrozen_module(self, module: str, stmt: ast.AST, receiver: str) -> str:
+        """The module an unfreeze reaches, seen from ``receiver`` (``self.x`` of a class as ``receiver.x``)."""
         if under(module, "self") and not under(receiver, "self"):
             module = receiver + module[len("self"):]
         return self._iterated(module, stmt) or module
