@@ -51,6 +51,8 @@ _MAX_SITES = 64  # call sites of one function from other files, at most
 _IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+[.\w]+[ \t]+import[ \t]*(?:\([^)]*\)|[^\n;#]*)|import[ \t]+[^\n;#]*)",
                      re.MULTILINE)
 _WORD = re.compile(r"\w+")
+# A method defined in a class body, or an attribute set on ``self``: where a class may define a member.
+_MEMBER = re.compile(r"^[ \t]+(?:async[ \t]+)?def[ \t]+(\w+)|\bself\.(\w+)[ \t]*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,8 @@ class Program:
         self._gathered: dict[str, list[object]] = {}
         self._remembered: dict[Hashable, object] = {}
         self._holding: dict[tuple[str, str], bool] = {}  # (path, needle) -> whether its text holds it
+        self._members: dict[str, set[str]] | None = None  # member name -> files that may define it in a class
+        self._member_kinds: dict[tuple[str | None, str], frozenset[str]] = {}
 
     # ------------------------------------------------------------------------------------------------ files
     def adopt(self, ctx: Context) -> Context:
@@ -565,6 +569,40 @@ class Program:
                     for word in _WORD.findall(statement.group()):
                         self._imported.setdefault(word, set()).add(path)
         return self._imported
+
+    def member_kinds(self, ctx: Context, name: str) -> frozenset[str]:
+        """What the ``nn.Module`` classes of ``ctx``'s project (its sealed folder, else the whole run) define as
+        ``name``: ``"forward"`` (a submodule, or a method that runs one with autograd on), ``"no_grad"`` (a method
+        that turns it off) or ``"other"``; empty when no module class of the project defines it. A call
+        ``model.name(x)`` whose receiver's class is unknown is a forward when every definition is one."""
+        sealed = self._sealed_folder(ctx.path)
+        key = (sealed, name)
+        found = self._member_kinds.get(key)
+        if found is not None:
+            return found
+        self._member_kinds[key] = frozenset()  # asked again while answering: no answer yet
+        kinds: set[str] = set(ctx.member_kinds_here(name))
+        for path in sorted(self._member_index().get(name, ())):
+            if path == ctx.path or (sealed is not None and not (self._absolute.get(path) or "").startswith(sealed)):
+                continue
+            other = self.context(path)
+            if other is not None:
+                kinds |= other.member_kinds_here(name)
+        found = self._member_kinds[key] = frozenset(kinds)
+        return found
+
+    def _member_index(self) -> dict[str, set[str]]:
+        """name -> the files of the run whose text defines a method or sets a ``self`` attribute of that name:
+        one read of each file, nothing parsed."""
+        if self._members is None:
+            self._members = {}
+            for path in self.paths:
+                text = self._read(path)
+                if text is None or "class" not in text:
+                    continue
+                for match in _MEMBER.finditer(text):
+                    self._members.setdefault(match.group(1) or match.group(2), set()).add(path)
+        return self._members
 
     def _sealed_folder(self, path: str) -> str | None:
         """The innermost folder above ``path`` whose name is no Python identifier (``owner+repo``, ``my-app``),

@@ -54,6 +54,9 @@ _GRAPH_KEEPING_METHODS = frozenset(
     }
 )
 
+_NO_GRAPH_METHODS = frozenset({"item", "tolist", "detach", "numpy", "argmax", "argmin", "__float__"})
+_NO_GRAPH_BUILTINS = frozenset({"float", "int", "len", "round", "str", "bool"})
+
 _NO_GRAPH_ATTRS = frozenset({"data", "grad", "shape", "dtype", "device", "ndim", "requires_grad", "is_leaf"})
 
 
@@ -191,13 +194,35 @@ class AutogradFacts:
             for (bscope, name), found in self.bindings.items():
                 if name in names and bscope is scope:
                     for b in found:
-                        if b.value is not None:
-                            new = names_in(b.value) - names
+                        if b.value is not None and not self.grad_disabled(b.stmt):
+                            new = self._graph_names(b.value) - names
                             if new:
                                 names |= new
                                 changed = True
         self._cache[key] = names  # type: ignore[index]
         return names
+
+    def _graph_names(self, expr: ast.AST) -> set[str]:
+        """Dotted names in ``expr`` whose graph can reach its value: not those under a call that returns none
+        (``.item()``, ``float(...)``, ``np.mean(...)``, ``math.exp(...)``)."""
+        found: set[str] = set()
+        stack = [expr]
+        while stack:
+            sub = stack.pop()
+            if isinstance(sub, ast.Call):
+                func = sub.func
+                if isinstance(func, ast.Attribute) and func.attr in _NO_GRAPH_METHODS:
+                    continue
+                if isinstance(func, ast.Name) and func.id in _NO_GRAPH_BUILTINS:
+                    continue
+                if (self.qualname(func) or "").split(".", 1)[0] in ("numpy", "math", "random", "statistics"):
+                    continue
+            if isinstance(sub, (ast.Name, ast.Attribute)):
+                key = dotted(sub)
+                if key is not None:
+                    found.add(key)
+            stack.extend(ast.iter_child_nodes(sub))
+        return found
 
     def _same_function(self, node: ast.AST, scope: ast.AST) -> bool:
         return self.scope(node) is scope

@@ -17,6 +17,7 @@ from trainwise.doctor.context.syntax import (
     keyword,
     last_name,
     method_call,
+    walk_own,
 )
 
 _LOADER_CLASSES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
@@ -30,6 +31,14 @@ _MODULE_METHODS = frozenset(
 # class: a model built by ``getattr(models, arch)()``, ``build_model(cfg)`` or a registry ``MODELS[name](...)``.
 # ``.to()`` is left out (a diffusers pipeline is called and moved, and runs its own no-grad), as is ``.fit()``.
 _CALLED_MODULE_METHODS = frozenset({"train", "eval", "state_dict", "load_state_dict", "cuda", "requires_grad_"})
+
+# Members of every nn.Module that run no forward: ``model.state_dict()`` is no call of the model.
+_MODULE_API = frozenset(
+    {"parameters", "named_parameters", "modules", "named_modules", "children", "named_children", "buffers",
+     "named_buffers", "state_dict", "load_state_dict", "train", "eval", "to", "cuda", "cpu", "float", "half",
+     "double", "bfloat16", "type", "apply", "zero_grad", "requires_grad_", "add_module", "get_submodule",
+     "get_parameter", "extra_repr", "share_memory", "register_buffer", "register_parameter", "register_module"}
+)
 
 _MODULE_RETURNING = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval"})
 
@@ -189,6 +198,9 @@ class Roles:
                 return True
             if key in self.called and any(key in self.method_receivers.get(m, ()) for m in _CALLED_MODULE_METHODS):
                 return True  # a model of unknown class, called and used as a module
+            if (any(key in self.method_receivers.get(m, ()) for m in ("eval", "train"))
+                    and any(key in self.method_receivers.get(m, ()) for m in ("load_state_dict", "state_dict"))):
+                return True  # a mode and a state dict: a module of unknown class (`agent = Model(env)`)
         if self.qualname(node) is not None:
             return False  # an imported name (torch.Generator, nn.Linear) is a function or class, not a model
         name = node.id if isinstance(node, ast.Name) else node.attr
@@ -315,17 +327,81 @@ class Roles:
         return name is not None and bool(_CLASS_NAME.fullmatch(name))
 
     def is_model_call(self, node: ast.AST) -> bool:
-        """Whether ``node`` is a forward call ``model(x)`` of a module. A call of a name spelled like a class
-        (``ResNet(...)``, ``clearml.OutputModel(...)``) that the file never assigns nor uses as a module
-        constructs an object: it runs no forward."""
-        if not isinstance(node, ast.Call) or not self.is_module(node.func):
+        """Whether ``node`` is a forward call ``model(x)`` of a module, or of a member of a module that runs one
+        (``model.forward(x)``, ``agent.get_value(obs)``, ``clip_model.visual(images)``: see
+        :meth:`member_kinds_here`). A call of a name spelled like a class (``ResNet(...)``,
+        ``clearml.OutputModel(...)``) that the file never assigns nor uses as a module constructs an object: it
+        runs no forward."""
+        if not isinstance(node, ast.Call):
             return False
+        if not self.is_module(node.func):
+            return self._forward_member_call(node)
         name = last_name(node.func)
         if name is not None and _CLASS_NAME.fullmatch(name):  # G_net = Generator(); G_net(z) is a forward
             key = dotted(node.func)
             return any(b.kind in ("assign", "walrus", "with", "for") for b in self.bindings_of(node.func)) or any(
                 key in self.method_receivers.get(m, ()) for m in _MODULE_METHODS)
         return True
+
+    def called_module(self, call: ast.Call) -> ast.expr:
+        """The module a model call runs: ``model`` for ``model(x)``, also for ``model.forward(x)`` and
+        ``agent.get_value(obs)`` (a member that runs one)."""
+        func = call.func
+        if isinstance(func, ast.Attribute) and not self.is_module(func) and self.is_module(func.value):
+            return func.value
+        return func
+
+    def _forward_member_call(self, call: ast.Call) -> bool:
+        """``module.name(...)`` where ``name`` is ``forward``, or where every module class of the project that
+        defines ``name`` makes it a forward (a submodule, a method that runs one): the receiver's own class
+        may be unknown (a parameter, a library loader's result), its members are looked up by name."""
+        func = call.func
+        if not isinstance(func, ast.Attribute) or func.attr in _MODULE_API or func.attr.startswith("__"):
+            return False
+        if not self.is_module(func.value):
+            return False
+        if func.attr == "forward":
+            return True
+        kinds = self.program.member_kinds(self, func.attr) if self.program is not None else self.member_kinds_here(
+            func.attr)
+        return kinds == {"forward"}
+
+    def member_kinds_here(self, name: str) -> frozenset[str]:
+        """What the ``nn.Module`` classes of this file define as ``name``: ``"forward"`` for a submodule
+        (``self.visual = VisionTransformer(...)``) or a method that calls a module with autograd on,
+        ``"no_grad"`` for a method that turns autograd off (decorated, or its whole body under ``no_grad``),
+        ``"other"`` for anything else (a method that calls no module, a tensor or number attribute)."""
+        key = ("member", name)
+        cached = self._cache.get(key)  # type: ignore[arg-type]
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        self._cache[key] = frozenset()  # type: ignore[index]  # a method that calls itself: no answer yet
+        kinds: set[str] = set()
+        for cls in self.nodes(ast.ClassDef):
+            if not self.is_module_class(cls):  # type: ignore[arg-type]
+                continue
+            for stmt in cls.body:  # type: ignore[attr-defined]
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name:
+                    kinds.add(self._method_kind(stmt))
+                elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    for node in walk_own(stmt.body):
+                        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                            for target in targets:
+                                if (isinstance(target, ast.Attribute) and target.attr == name
+                                        and isinstance(target.value, ast.Name) and target.value.id == "self"):
+                                    kinds.add("forward" if self.is_module(target) else "other")
+        found = frozenset(kinds)
+        self._cache[key] = found  # type: ignore[index]
+        return found
+
+    def _method_kind(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+        if self.grad_disabled(fn.body[0]) if fn.body else False:  # type: ignore[attr-defined]
+            return "no_grad"
+        for node in walk_own(fn.body):
+            if isinstance(node, ast.Call) and self.is_model_call(node) and not self.grad_disabled(node):  # type: ignore[attr-defined]
+                return "forward"
+        return "other"
 
     def iterates_over_data(self, loop: ast.AST) -> bool:
         """Whether a loop goes over data rather than over a model's structure: a ``while`` loop, a loop over a

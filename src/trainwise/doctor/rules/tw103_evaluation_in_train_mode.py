@@ -182,7 +182,7 @@ class EvaluationInTrainMode(Rule):
 
     def _argument_model(self, call: ast.Call, fn: ast.AST) -> bool:
         """``model(x)`` (or ``model.module(x)``) where ``model`` is a parameter of ``fn``."""
-        func = call.func
+        func = self.ctx.called_module(call)
         while isinstance(func, ast.Attribute) and func.attr in ("module", "model"):
             func = func.value
         if not isinstance(func, ast.Name):
@@ -193,7 +193,7 @@ class EvaluationInTrainMode(Rule):
     def _mode_free_model(self, call: ast.Call) -> bool:
         """The model called is built from a class of the run (``self.G = Generator(...)``, ``net = Net()``)
         whose layers are all known and behave alike in both modes (``modules.mode_free_class``)."""
-        func = call.func
+        func = self.ctx.called_module(call)
         values: list[ast.AST | None] = []
         if isinstance(func, ast.Name):
             values = [self.ctx.value_of(func, call)]
@@ -215,7 +215,7 @@ class EvaluationInTrainMode(Rule):
 
     def _loaded_model(self, call: ast.Call) -> bool:
         """A model whose bindings come from ``from_pretrained``/``load``: its mode is not known."""
-        func = call.func
+        func = self.ctx.called_module(call)
         while isinstance(func, ast.Attribute) and func.attr in ("module", "model"):
             func = func.value
         for b in self.ctx.bindings_of(func):
