@@ -50,8 +50,12 @@ class EvaluationWithGradEnabled(Rule):
     The model may be of a class the file cannot name (`getattr(models, opt.arch)()`, `build_model(cfg)`, a
     registry `MODELS[name](...)`): it counts as a module when the file calls it like one (`model(x)`) and
     uses it as one (`.parameters()`, `.train()`/`.eval()`, `.state_dict()`/`.load_state_dict()`, `.cuda()`,
-    `.requires_grad_()`); a registry function, a tokenizer, a scikit-learn estimator or a pipeline moved
-    with `.to()` (which runs its own no-grad) is not.
+    `.requires_grad_()`, or both a mode and a state dict: `agent = policy_class(env)`, `.load_state_dict()`,
+    `.eval()`); a registry function, a tokenizer, a scikit-learn estimator or a pipeline moved with `.to()`
+    (which runs its own no-grad) is not. A member of a model runs it too: `model.forward(x)`, and
+    `agent.get_action(obs)` or `clip_model.visual(images)` when every `nn.Module` class of the project that
+    defines the member makes it a submodule or a method that calls one with autograd on (a method decorated
+    with `no_grad`, or one class whose member runs no module, leaves the call unknown).
 
     ## Why is this bad?
     With autograd on, every forward pass records its graph and keeps the activations alive for a backward

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import re
 
-from trainwise.doctor.context import has_star_kwargs, is_const, is_param, keyword, last_name
+from trainwise.doctor.context import Context, dotted, has_star_kwargs, is_const, is_param, keyword, last_name
 from trainwise.doctor.project import TorchRequirement, torch_requirements
 from trainwise.doctor.rule import FixAvailability, Rule
 
@@ -40,6 +40,9 @@ class TorchLoadWithoutWeightsOnly(Rule):
     call that passes a `pickle_module`: with one, torch 2.6 and later default to `weights_only=False` again.
     A load that runs only when the caller asked for it is not reported: on the branch where the function's own
     `weights_only` parameter (or `self.weights_only`) is false, or an `allow_pickle` / `unsafe` switch is true.
+    A load that forwards its function's own `**kwargs` (`torch.load(io.BytesIO(data), **kwargs)` in a
+    distributed-loading helper) is reported when the function has callers in the run and none of them passes
+    `weights_only` (nor a `**` of its own): the message names them. With no caller, what it gets is unknown.
 
     `trainwise lab strict-false` measures it: wrapped checkpoints: strict=False vs load_weights.
 
@@ -76,8 +79,18 @@ class TorchLoadWithoutWeightsOnly(Rule):
 
     def visit_Call(self, node: ast.Call) -> None:
         """``torch.load(...)`` through any import alias."""
-        if self.ctx.qualname(node.func) not in _LOADS or has_star_kwargs(node):
+        if self.ctx.qualname(node.func) not in _LOADS:
             return
+        forwarded, related = "", ()
+        if has_star_kwargs(node):
+            callers = self._callers_without_weights_only(node)
+            if not callers:
+                return
+            program = self.ctx.program
+            names = [program.where(c, s) if program is not None else f"line {s.lineno}" for c, s in callers[:3]]
+            forwarded = f" (its callers pass none through `**`: {', '.join(names)})"
+            if program is not None:
+                related = tuple(program.place(c, s, "called here without weights_only") for c, s in callers[:3])
         kw = keyword(node, "weights_only")
         if (kw is None or is_const(kw.value, False)) and self._asked_by_caller(node):
             return
@@ -86,17 +99,18 @@ class TorchLoadWithoutWeightsOnly(Rule):
             safe_default, admitting = self._declared_torch()
             if safe_default and not custom_pickle:
                 return
-            fix = None if custom_pickle else self.make_fix(node, _add_weights_only, "add weights_only=True")
+            fix = None if custom_pickle or forwarded else self.make_fix(node, _add_weights_only,
+                                                                        "add weights_only=True")
             if safe_default:  # and a pickle_module: torch's default is weights_only=False again
                 message = ("torch.load with a pickle_module and without weights_only=True can run arbitrary code "
                            "from the file (a pickle_module turns the torch 2.6 default off); pass weights_only=True")
             else:
-                message = ("torch.load without weights_only=True can run arbitrary code from the file; pass "
-                           "weights_only=True")
+                message = (f"torch.load without weights_only=True can run arbitrary code from the file{forwarded}; "
+                           "pass weights_only=True")
                 if admitting is not None:
                     message += (f" (the project's declared `{admitting.text}` in {admitting.source} admits torch "
                                 "< 2.6, where weights_only defaults to False)")
-            self.report(node, message, fix=fix)
+            self.report(node, message, fix=fix, related=related)
         elif is_const(kw.value, False):
             fix = None if custom_pickle else self.make_fix(node, _set_weights_only, "set weights_only=True")
             self.report(
@@ -105,6 +119,25 @@ class TorchLoadWithoutWeightsOnly(Rule):
                 "use weights_only=True (and torch.serialization.add_safe_globals for custom types)",
                 fix=fix,
             )
+
+    def _callers_without_weights_only(self, node: ast.Call) -> list[tuple[Context, ast.Call]]:
+        """For ``torch.load(f, **kwargs)`` where ``kwargs`` is the enclosing function's own ``**`` parameter:
+        the places that call the function, when there are some and none of them passes ``weights_only`` (nor
+        a ``**`` of its own); else nothing (what ``kwargs`` holds is unknown)."""
+        fn = self.ctx.scope(node)
+        star = [kw.value for kw in node.keywords if kw.arg is None]
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.args.kwarg is None or not all(
+                isinstance(v, ast.Name) and v.id == fn.args.kwarg.arg for v in star):  # type: ignore[union-attr]
+            return []
+        top = self.ctx.scope(fn) is self.ctx.tree
+        sites = [(self.ctx, c) for c in self.ctx.call_sites(fn) if self.ctx.scope(c) is not fn and (
+            isinstance(c.func, ast.Name) if top else dotted(c.func) == f"self.{fn.name}")]
+        program = self.ctx.program
+        if program is not None and top:
+            sites += program.callers(self.ctx, fn)
+        if not sites or any(keyword(c, "weights_only") is not None or has_star_kwargs(c) for _, c in sites):
+            return []
+        return sites
 
     def _asked_by_caller(self, node: ast.AST) -> bool:
         """Whether ``node`` runs only on a branch where the enclosing function's caller asked for an unsafe
