@@ -53,6 +53,7 @@ from trainwise.doctor.context.calls import cacheable_predicate
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
+
 _STATEMENT_LISTS = ("body", "orelse", "finalbody")
 # Calls that mean "this code trains": gradients are computed, applied or cleared.
 _TRAINING_METHODS = frozenset({"backward", "manual_backward", "zero_grad", "retain_grad", "requires_grad_"})
@@ -112,6 +113,7 @@ class Functions:
         self._seeds: dict[int, list[tuple[ast.AST, ast.Call]]] = {}
         self._flows: dict[int, tuple[set[int], set[str]]] = {}
         self._eval_loops: list[EvalLoop] | None = None
+        self._inference_loops: list[tuple[ast.AST, tuple[ast.Call, ...]]] | None = None
         self._switches: dict[int, list[Switch]] = {}
 
     # ------------------------------------------------------------------------------------- call resolution
@@ -328,6 +330,59 @@ class Functions:
                             found.append(EvalLoop(stmt, model, loop, calls))
         self._eval_loops = found
         return found
+
+    def inference_loops(self) -> list[tuple[ast.AST, tuple[ast.Call, ...]]]:
+        """The data loops of a script that never trains, with the model calls each runs: the file computes,
+        applies and clears no gradient anywhere, and a loop over data (``while not done``, a loader, ``for step
+        in range(num_steps)``) in its top-level code, or in a same-file function that code calls (three levels),
+        runs a model. Such a file is a program of its own (a play, predict or demo script): nothing in it wants
+        the graph its forwards record."""
+        if self._inference_loops is not None:
+            return self._inference_loops
+        found: list[tuple[ast.AST, tuple[ast.Call, ...]]] = []
+        self._inference_loops = found
+        tree = self.ctx.tree
+        if self._trains_here(tree):
+            return found
+        scopes: list[ast.AST] = [tree]
+        frontier: list[ast.AST] = [tree]
+        for _ in range(3):
+            calls = [n for scope in frontier for n in walk_own(scope.body) if isinstance(n, ast.Call)]  # type: ignore[attr-defined]
+            frontier = [fn for call in calls for fn in self.targets(call) if all(fn is not s for s in scopes)]
+            frontier = list({id(fn): fn for fn in frontier}.values())
+            scopes += frontier
+        for scope in scopes:
+            taken: list[ast.AST] = []
+            for loop in walk_own(scope.body):  # type: ignore[attr-defined]
+                if not isinstance(loop, _LOOPS) or any(self.ctx.is_inside(loop, t) for t in taken):
+                    continue
+                if self.ctx.iterates_over_data(loop):
+                    calls = self._model_calls(loop)
+                    if calls:
+                        taken.append(loop)
+                        found.append((loop, tuple(calls)))
+        if found and self._trains_elsewhere():
+            found.clear()
+        return found
+
+    def _trains_elsewhere(self) -> bool:
+        """Whether the file builds an optimizer, or calls a function of another file of the run or a member of
+        a module that trains (``fit_one_epoch(...)`` from ``utils/``, ``discriminator.update(batch)``)."""
+        program = self.ctx.program
+        for call in self.ctx.nodes(ast.Call):
+            if (self.ctx.qualname(call.func) or "").startswith("torch.optim."):  # type: ignore[attr-defined]
+                return True
+            func = call.func  # type: ignore[attr-defined]
+            if isinstance(func, ast.Attribute) and self.ctx.is_module(func.value):
+                kinds = program.member_kinds(self.ctx, func.attr) if program is not None else \
+                    self.ctx.member_kinds_here(func.attr)
+                if "trains" in kinds:
+                    return True
+            if program is not None:
+                found = program.callee(self.ctx, call)  # type: ignore[arg-type]
+                if found is not None and functions(found[0]).trains(found[1]):
+                    return True
+        return False
 
     def _statement_lists(self) -> Iterator[list[ast.stmt]]:
         stack: list[ast.AST] = [self.ctx.tree]

@@ -272,7 +272,30 @@ class Roles:
             return True
         if isinstance(func, ast.Attribute) and func.attr in _MODULE_RETURNING and self.is_module(func.value, depth + 1):
             return True
+        if isinstance(func, ast.Name):
+            local = self.class_named(func.id, value)
+            if local is not None:  # a class of this file: a module exactly when it subclasses nn.Module
+                return self.is_module_class(local)
+        if self.program is not None and isinstance(func, (ast.Name, ast.Attribute)):
+            return self._class_of_run_is_module(func)  # Agent(...), PyTorchModel(...) from another file
         return None
+
+    def _class_of_run_is_module(self, func: ast.expr) -> bool | None:
+        """Whether the class of another file of the run that ``func`` names subclasses ``nn.Module``; None when
+        ``func`` names no class of the run."""
+        program = self.program
+        assert program is not None
+        symbol = program.resolve(self, func)
+        if symbol is None or symbol.name is None or "." in symbol.name:
+            return None
+        if program.known_module_class(symbol):
+            return True
+
+        def answer() -> bool | None:
+            found = program.class_of(self, func)
+            return None if found is None else found[0].is_module_class(found[1], 1)
+
+        return program.remember(("class is module", symbol.path, symbol.name), answer)
 
     def is_module_class(self, cls: ast.ClassDef, depth: int = 0) -> bool:
         """Whether a class of this file subclasses ``nn.Module``: as the file knows it, or through base classes
@@ -370,7 +393,8 @@ class Roles:
         """What the ``nn.Module`` classes of this file define as ``name``: ``"forward"`` for a submodule
         (``self.visual = VisionTransformer(...)``) or a method that calls a module with autograd on,
         ``"no_grad"`` for a method that turns autograd off (decorated, or its whole body under ``no_grad``),
-        ``"other"`` for anything else (a method that calls no module, a tensor or number attribute)."""
+        ``"trains"`` for a method that computes or applies gradients itself, ``"other"`` for anything else (a
+        method that calls no module, a tensor or number attribute)."""
         key = ("member", name)
         cached = self._cache.get(key)  # type: ignore[arg-type]
         if cached is not None:
@@ -398,6 +422,10 @@ class Roles:
     def _method_kind(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
         if self.grad_disabled(fn.body[0]) if fn.body else False:  # type: ignore[attr-defined]
             return "no_grad"
+        from trainwise.doctor.context.functions import functions  # functions builds on the context
+
+        if functions(self).trains(fn):  # type: ignore[arg-type]
+            return "trains"  # discriminator.update(batch): forwards, backward and step of its own
         for node in walk_own(fn.body):
             if isinstance(node, ast.Call) and self.is_model_call(node) and not self.grad_disabled(node):  # type: ignore[attr-defined]
                 return "forward"

@@ -40,7 +40,11 @@ class EvaluationWithGradEnabled(Rule):
       (`model.eval(); output = model(features, adj)` in a graph network's `train()`);
     - a loop that runs a model after `model.eval()` (or `model = ....eval()`) in the same block, with no
       `model.train()` in between: an evaluation function under any name (`check_accuracy(loader, model)`),
-      the test section at the end of a training script, a prediction or generation loop.
+      the test section at the end of a training script, a prediction or generation loop;
+    - a loop over data (`while not done`, a loader, `for step in range(num_steps)`) that runs a model in a
+      script that never trains: the file computes, applies and clears no gradient, builds no optimizer, and
+      calls no function of another file nor member of a model that does; the loop is in its top-level code or
+      in a same-file function that code calls (a play, predict or demo script, `eval()` or not).
 
     An evaluation function called from other files of the run (`evaluate(model, val_loader)` in `train.py`,
     defined in `utils/engine.py`) is judged with those calls: any call made with autograd off (or under
@@ -132,12 +136,19 @@ class EvaluationWithGradEnabled(Rule):
         summaries = functions(self.ctx)
         regions: list[tuple[ast.AST, list[ast.Call]]] = list(self.ctx.evaluation_regions())
         covered = {id(c) for _, calls in regions for c in calls}
+        inference: set[int] = set()
         if not self._test_file():
             for found in summaries.eval_loops():
                 calls = [c for c in found.calls if id(c) not in covered]
                 if calls and not self._hook(found.loop):
                     regions.append((found.loop, calls))
                     covered.update(id(c) for c in calls)
+            for loop, loop_calls in summaries.inference_loops():
+                calls = [c for c in loop_calls if id(c) not in covered]
+                if calls and not self._hook(loop):
+                    regions.append((loop, calls))
+                    covered.update(id(c) for c in calls)
+                    inference.add(id(loop))
         frozen: _Frozen | None = None
         for region, calls in regions:
             if self._differentiates(region) or not self._callers_may_enable(region):
@@ -167,6 +178,10 @@ class EvaluationWithGradEnabled(Rule):
                     text = (f"`{self.ctx.segment(call.func)}` runs after `.eval()` with autograd on{where}: the "
                             f"evaluation forward records a graph (and keeps every activation) it never uses; wrap "
                             f"it in `torch.no_grad()`")
+                elif id(region) in inference:
+                    text = (f"`{self.ctx.segment(call.func)}` runs in a loop of a script that never trains, with "
+                            f"autograd on{where}: every step records a graph nothing uses; wrap the loop in "
+                            f"`torch.no_grad()` or `torch.inference_mode()`")
                 else:
                     text = (f"`{self.ctx.segment(call.func)}` runs in an evaluation loop with autograd on{where}: "
                             f"every batch records a graph it never uses; wrap the loop in `torch.no_grad()` or "
