@@ -43,7 +43,9 @@ class Float16AutocastWithoutGradScaler(Rule):
     runs on CUDA wherever a GPU is there), or `device.type` with `device = torch.device(...)` of those.
 
     Finds pure float16 training too: a module cast to float16 (`model.half()`, `model.to(torch.float16)`,
-    `model.to(dtype=torch.half)`, `model.type(torch.cuda.HalfTensor)`, `model = Net().cuda().half()`) whose
+    `model.to(dtype=torch.half)`, `model.type(torch.cuda.HalfTensor)`, `model = Net().cuda().half()`) or loaded
+    in it (`model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float16)`, `dtype=` too;
+    not in a file that uses `peft`, whose adapters train in float32 over the frozen float16 base) whose
     parameters an optimizer of the same function or script was built over, when that optimizer steps after
     the cast, next to a `backward()`: in the same place, or in a function (of the file or another file of
     the run) that is handed the optimizer (`train(loader, model, optimizer)` once per epoch).
@@ -139,17 +141,21 @@ class Float16AutocastWithoutGradScaler(Rule):
             return
         self.report(
             node,
-            f"`{module}` is cast to float16 and `{optimizer}` trains it with no GradScaler and no float32 master "
+            f"`{module}` is {'loaded in' if method_call(node, 'from_pretrained') else 'cast to'} float16 and "
+            f"`{optimizer}` trains it with no GradScaler and no float32 master "
             f"weights: small gradients underflow to zero and small updates round away; keep the weights in "
             f"float32 and use torch.autocast(dtype=torch.float16) with torch.amp.GradScaler, or bfloat16",
         )
 
     def _cast_to_fp16(self, call: ast.Call) -> str | None:
         """The module ``call`` puts in float16 (``m.half()``, ``m.to(torch.float16)``, ``m.to(dtype=...)``,
-        ``m.type(torch.cuda.HalfTensor)``, ``model = Net().cuda().half()``), or None."""
+        ``m.type(torch.cuda.HalfTensor)``, ``model = Net().cuda().half()``), or loads in float16
+        (``model = AutoModel.from_pretrained(name, torch_dtype=torch.float16)``), or None."""
         func = call.func
         if not isinstance(func, ast.Attribute):
             return None
+        if func.attr == "from_pretrained":
+            return self._loaded_in_fp16(call)
         if func.attr == "half":
             if call.args or call.keywords:
                 return None
@@ -164,6 +170,26 @@ class Float16AutocastWithoutGradScaler(Rule):
         if not isinstance(receiver, (ast.Name, ast.Attribute)) or not self.ctx.is_module(receiver):
             return None
         return dotted(receiver)
+
+    def _loaded_in_fp16(self, call: ast.Call) -> str | None:
+        """``model = X.from_pretrained(..., torch_dtype=torch.float16)`` (or ``dtype=``, or ``"float16"``), also
+        moved on (``.to(device)``, ``.cuda()``): the name the float16 weights are bound to. Not with ``peft``
+        in the file, whose adapters train in float32 over a frozen float16 base."""
+        dtype = keyword(call, "torch_dtype") or keyword(call, "dtype")
+        if dtype is None or not (self._is_fp16(dtype.value) or is_const(dtype.value, "float16")
+                                 or is_const(dtype.value, "half")):
+            return None
+        if any(q.split(".", 1)[0] == "peft" for q in self.ctx.aliases.values()):
+            return None
+        node: ast.AST = call
+        parent = self.ctx.parent(node)
+        while isinstance(parent, ast.Attribute) and parent.attr in ("to", "cuda") and isinstance(
+                self.ctx.parent(parent), ast.Call):
+            node = self.ctx.parent(parent)  # type: ignore[assignment]
+            parent = self.ctx.parent(node)
+        if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1 and parent.value is node):
+            return None
+        return dotted(parent.targets[0])
 
     def _cast_back(self, module: str) -> bool:
         """Whether the file casts ``module``, a part or a holder of it, to another dtype anywhere (``.float()``
