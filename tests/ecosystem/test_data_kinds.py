@@ -126,3 +126,27 @@ def test_a_hugging_face_iterable_dataset_is_a_stream(tmp_path):
     assert tw.data_kind(stream) == "stream"
     result = _trainer(tmp_path, batch_size=4).fit(lambda: tiny_bert_classifier(), stream)
     assert _steps(result.run_dir) == 3
+
+
+def _first_tokens_per_epoch(tmp_path, stream, epochs=3):
+    model = tiny_bert_classifier()
+    seen: list[list[int]] = []
+    model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["input_ids"][:, 0].tolist()),
+                                    with_kwargs=True)
+    _trainer(tmp_path, batch_size=4, epochs=epochs).fit(model, stream)
+    flat = [t for batch in seen for t in batch]
+    per_epoch = len(flat) // epochs
+    return [flat[i * per_epoch:(i + 1) * per_epoch] for i in range(epochs)]
+
+
+def test_a_shuffled_hugging_face_stream_is_reshuffled_every_epoch(tmp_path):
+    """A ``datasets`` stream shuffles from ``seed + epoch`` once it is told the epoch (``set_epoch``), as the
+    Hugging Face Trainer and Accelerate tell it: every epoch a new order, the same on a second run."""
+    table = {"input_ids": [[i + 1] * 6 for i in range(24)], "label": [i % 3 for i in range(24)]}
+    def stream():
+        return (datasets.Dataset.from_dict(table).to_iterable_dataset(num_shards=4)
+                .shuffle(seed=0, buffer_size=8).with_format("torch"))
+    orders = _first_tokens_per_epoch(tmp_path / "a", stream())
+    assert all(sorted(o) == list(range(1, 25)) for o in orders)  # every row once per epoch
+    assert orders[0] != orders[1] and orders[1] != orders[2] and orders[0] != orders[2]
+    assert _first_tokens_per_epoch(tmp_path / "b", stream()) == orders

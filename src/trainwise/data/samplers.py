@@ -287,14 +287,25 @@ def validation_padding(model: torch.nn.Module, loader: Any, device: torch.device
 
 
 def set_sampler_epoch(loader: Any, epoch: int) -> bool:
-    """Tell a loader's batch sampler or sampler (any with ``set_epoch``) which epoch starts."""
+    """Tell a loader which epoch starts: its batch sampler or sampler (any with ``set_epoch``), and its dataset
+    when that has ``set_epoch`` (a Hugging Face ``IterableDataset`` reshuffles from ``seed + epoch``, as the
+    Hugging Face Trainer and Accelerate tell it). True when something was told."""
+    told = False
     for holder in (loader, getattr(loader, "loader", None)):  # ResumableLoader wraps the DataLoader
         batch_sampler = getattr(holder, "batch_sampler", None)
         for sampler in (batch_sampler, getattr(holder, "sampler", None), getattr(batch_sampler, "sampler", None)):
             if callable(getattr(sampler, "set_epoch", None)):
                 sampler.set_epoch(epoch)
-                return True
-    return False
+                told = True
+                break
+        if told:
+            break
+    for holder in (loader, getattr(loader, "loader", None)):
+        dataset = getattr(holder, "dataset", None)
+        if dataset is not None and callable(getattr(dataset, "set_epoch", None)):
+            dataset.set_epoch(epoch)
+            return True
+    return told
 
 
 def shard_loader(
