@@ -49,8 +49,9 @@ class ResumableLoader:
     """
 
     def __new__(cls, loader: Iterable[Any]) -> ResumableLoader:
-        # Only a loader with a length gets __len__, so that hasattr(wrapped, "__len__") stays truthful.
-        if cls is ResumableLoader and hasattr(loader, "__len__"):
+        # Only a loader with a length gets __len__, so that hasattr(wrapped, "__len__") stays truthful (every
+        # DataLoader has __len__, which raises over a stream without one).
+        if cls is ResumableLoader and _length(loader) is not None:
             cls = _SizedResumableLoader
         return super().__new__(cls)
 
@@ -151,7 +152,7 @@ class ResumableLoader:
             _restore_generators(self.loader, epoch_start)
             self._pending = None
         else:
-            length = len(self.loader) if hasattr(self.loader, "__len__") else None  # type: ignore[arg-type]
+            length = _length(self.loader)
             if length is not None and skip > length:
                 raise TrainwiseError(
                     f"the checkpoint was taken after {skip} batches of an epoch, but this loader has only "
@@ -166,6 +167,17 @@ class _SizedResumableLoader(ResumableLoader):
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
+
+
+def _length(loader: Any) -> int | None:
+    """``len(loader)``, or None for a loader without one (a DataLoader over an ``IterableDataset`` with no
+    ``__len__`` has the method, and raises ``TypeError``)."""
+    if not hasattr(loader, "__len__"):
+        return None
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 # -- epoch-start states ------------------------------------------------------------------------------------
@@ -215,7 +227,16 @@ def _map_style(loader: Any) -> bool:
 def _remaining_batches(loader: Any, epoch_start: dict[str, Any], skip: int) -> Iterator[Any]:
     """An iterator over the batches of the epoch that began at ``epoch_start``, after the first ``skip``."""
     if not _map_style(loader):
-        iterator = iter(loader)
+        # A DataLoader over a stream draws its workers' base seed from torch's RNG when it starts an epoch,
+        # as the uninterrupted run did from the epoch-start state: replay that draw there, then give the RNG
+        # back as the checkpoint left it (the model's dropout goes on from it).
+        saved = torch.get_rng_state()
+        if epoch_start.get("torch") is not None:
+            torch.set_rng_state(epoch_start["torch"])
+        try:
+            iterator = iter(loader)
+        finally:
+            torch.set_rng_state(saved)
         for _ in range(skip):
             if next(iterator, _END) is _END:
                 break
