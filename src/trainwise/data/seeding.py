@@ -60,7 +60,8 @@ def seeded_loader(
         raise TrainwiseError(f"batch_size must be a positive integer, got {batch_size!r}.")
     if persistent_workers is None:
         persistent_workers = num_workers > 0
-    dataset, sampler = seeded_sampling(dataset, _sampler(_unseeded(dataset), shuffle=shuffle, seed=seed), seed=seed)
+    dataset, sampler = seeded_sampling(dataset, _sampler(_unseeded(dataset), shuffle=shuffle, seed=seed), seed=seed,
+                                       collate_fn=collate_fn)
     return DataLoader(
         dataset,
         batch_size=batch_size,
@@ -68,7 +69,7 @@ def seeded_loader(
         num_workers=num_workers,
         drop_last=drop_last,
         pin_memory=pin_memory,
-        collate_fn=collate_fn,
+        collate_fn=seeded_collate(collate_fn, dataset),
         generator=loader_generator(seed),
         worker_init_fn=seed_worker,
         persistent_workers=persistent_workers,
@@ -96,13 +97,17 @@ def prepare_loader(loader: DataLoader, *, seed: int) -> DataLoader:
     from torch.utils.data import RandomSampler, SequentialSampler
 
     dataset, sampler = loader.dataset, loader.sampler  # the user's own sampler: kept as it is
+    collate_fn = loader.collate_fn
     if isinstance(sampler, (RandomSampler, SequentialSampler)):
         plain = _unseeded(dataset)
+        collate_fn = _unseeded_collate(collate_fn)
         dataset, sampler = seeded_sampling(
-            plain, _sampler(plain, shuffle=isinstance(sampler, RandomSampler), seed=seed), seed=seed
+            plain, _sampler(plain, shuffle=isinstance(sampler, RandomSampler), seed=seed), seed=seed,
+            collate_fn=collate_fn,
         )
+        collate_fn = seeded_collate(collate_fn, dataset)
     return rebuild_loader(loader, sampler=sampler, worker_init_fn=init, generator=loader_generator(seed),
-                          dataset=dataset)
+                          dataset=dataset, collate_fn=collate_fn)
 
 
 def rebuild_loader(
@@ -166,7 +171,7 @@ class SampleKey(NamedTuple):
     seed: int
 
 
-def seeded_sampling(dataset: Dataset, sampler: Any, *, seed: int) -> tuple[Dataset, Any]:
+def seeded_sampling(dataset: Dataset, sampler: Any, *, seed: int, collate_fn: Any = None) -> tuple[Dataset, Any]:
     """``(dataset, sampler)`` for a DataLoader in which every batch is loaded with the global RNGs seeded
     from ``(seed, epoch, position in the epoch)``, so that augmentation does not depend on which worker
     loads a batch nor on what that worker loaded before (persistent workers, resumes). A sample fetched on
@@ -176,13 +181,86 @@ def seeded_sampling(dataset: Dataset, sampler: Any, *, seed: int) -> tuple[Datas
     epoch starts (a shuffling sampler's own; a sequential one gets a generator advanced once an epoch), which
     ``ResumableLoader`` checkpoints. The dataset unpacks them (attributes, ``len()`` and pickling are those of
     ``dataset``); in the main process (``num_workers=0``) it puts the global RNGs back after each fetch.
-    Returned unchanged: a ``TensorDataset`` (nothing random to seed) and a dataset with its own
-    ``__getitems__`` (its batched fetch is kept), and a sampler that is already seeded.
+    A ``collate_fn`` of the user's (which may draw: a masking collator) is seeded too, from where the batch's
+    loading left the RNGs, once wrapped by :func:`seeded_collate`. Returned unchanged: a ``TensorDataset`` and a
+    dataset with its own ``__getitems__`` (nothing random to seed, or its batched fetch kept) under torch's
+    own collation, and a sampler that is already seeded.
     """
     plain = _unseeded(dataset)
-    if isinstance(sampler, _KeyedSampler) or _loading(plain) != "random":
+    loading = _loading(plain)
+    if isinstance(sampler, _KeyedSampler) or (loading != "random" and not _may_draw(collate_fn)):
         return dataset, sampler
     return SeededDataset(plain), _KeyedSampler(sampler, seed=seed)
+
+
+def seeded_collate(collate_fn: Any, dataset: Any) -> Any:
+    """``collate_fn`` run with the global RNGs where loading its batch left them (see :class:`SeededCollate`),
+    for a loader over a :class:`SeededDataset`; returned unchanged otherwise, and for torch's own collation."""
+    if not isinstance(dataset, SeededDataset) or not _may_draw(collate_fn) or isinstance(collate_fn, SeededCollate):
+        return collate_fn
+    object.__setattr__(dataset, "_collate_follows", True)  # its own attribute, not the wrapped dataset's
+    return SeededCollate(collate_fn, dataset)
+
+
+def _may_draw(collate_fn: Any) -> bool:
+    from torch.utils.data import default_collate, default_convert
+
+    return collate_fn is not None and collate_fn not in (default_collate, default_convert)
+
+
+def _unseeded_collate(collate_fn: Any) -> Any:
+    return collate_fn.collate_fn if isinstance(collate_fn, SeededCollate) else collate_fn
+
+
+class SeededCollate:
+    """A user's ``collate_fn`` that draws its random numbers (masking, noise) as part of its batch: in a worker
+    it goes on from the seeded loading; in the main process it runs from the RNG states the batch's loading
+    ended in, and the training loop's RNGs are put back afterwards. So a batch is collated the same whether
+    it is collated ahead of the step, again after a resume, or in a worker."""
+
+    def __init__(self, collate_fn: Callable[[Any], Any], dataset: SeededDataset) -> None:
+        self.collate_fn = collate_fn
+        self.dataset = dataset
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "collate_fn":  # not set yet (during unpickling)
+            raise AttributeError(name)
+        return getattr(self.collate_fn, name)
+
+    def __call__(self, batch: Any) -> Any:
+        if get_worker_info() is not None:
+            return self.collate_fn(batch)
+        after = self.dataset.__dict__.pop("_after_load", None)
+        if after is None:  # a batch not loaded through seeded keys
+            return self.collate_fn(batch)
+        seed, torch_state, python_state, numpy_state = after
+        saved = random.getstate(), torch.default_generator.get_state(), np.random.get_state()
+        try:
+            torch.default_generator.set_state(torch_state)
+            random.setstate(python_state)
+            if numpy_state is not None:
+                np.random.set_state(numpy_state)
+                return self.collate_fn(batch)
+            numpy_before = _numpy_state_bytes()
+            collated = self.collate_fn(batch)
+            if numpy_before is not None and _numpy_state_bytes() == numpy_before:
+                return collated
+            # it drew from NumPy's global RNG: collate again with NumPy seeded as a worker has it, and seed
+            # NumPy for every later batch's loading too
+            object.__setattr__(self.dataset, "_numpy_drawn", True)
+            torch.default_generator.set_state(torch_state)
+            random.setstate(python_state)
+            _seed_globals(seed)
+            torch.default_generator.set_state(torch_state)
+            random.setstate(python_state)
+            return self.collate_fn(batch)
+        finally:
+            random.setstate(saved[0])
+            torch.default_generator.set_state(saved[1])
+            np.random.set_state(saved[2])
+
+    def __repr__(self) -> str:
+        return f"SeededCollate({self.collate_fn!r})"
 
 
 def _loading(dataset: Any) -> str:
@@ -274,9 +352,13 @@ class SeededDataset(Dataset):
         """A batch: the RNGs seeded once, from its first key (a batch is always loaded whole, by one process,
         so its samples draw the same values with any number of workers), and put back once (main process)."""
         first = next((key for key in keys if isinstance(key, SampleKey)), None)
+        indices = [k.index if isinstance(k, SampleKey) else k for k in keys]
+        fetch = getattr(self.dataset, "__getitems__", None)
         if first is None:
-            return [self.dataset[key] for key in keys]
-        return self._load(first.seed, lambda: [self.dataset[k.index if isinstance(k, SampleKey) else k] for k in keys])
+            return fetch(indices) if fetch is not None else [self.dataset[i] for i in indices]
+        if fetch is not None:  # its own batched fetch (a Hugging Face Dataset), kept
+            return self._load(first.seed, lambda: fetch(indices))
+        return self._load(first.seed, lambda: [self.dataset[i] for i in indices])
 
     def _load(self, seed: int, load: Callable[[], Any]) -> Any:
         """``load()`` with the global RNGs seeded from ``seed`` (about 11 µs for the three: once a batch).
@@ -297,12 +379,15 @@ class SeededDataset(Dataset):
                 saved_numpy = np.random.get_state()
                 try:
                     _seed_globals(seed)
-                    return load()
+                    loaded = load()
+                    self._keep_after_load(seed, np.random.get_state())
+                    return loaded
                 finally:
                     np.random.set_state(saved_numpy)
             _seed_globals(seed, numpy=False)
             loaded = load()
             if _numpy_state_bytes() == numpy_before:
+                self._keep_after_load(seed, None)
                 return loaded
             # the dataset drew from NumPy's global RNG, unseeded: put it back as it was (a legacy cached
             # Gaussian, which no cheap read shows, is dropped) and load this batch again with NumPy seeded too
@@ -314,6 +399,11 @@ class SeededDataset(Dataset):
         finally:
             random.setstate(saved[0])
             torch.default_generator.set_state(saved[1])
+
+    def _keep_after_load(self, seed: int, numpy_state: Any) -> None:
+        """Where loading left the RNGs, for a :class:`SeededCollate` to collate the batch from (main process)."""
+        if self.__dict__.get("_collate_follows"):
+            self.__dict__["_after_load"] = (seed, torch.default_generator.get_state(), random.getstate(), numpy_state)
 
     def __repr__(self) -> str:
         return f"SeededDataset({self.dataset!r})"
