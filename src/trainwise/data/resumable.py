@@ -9,7 +9,8 @@ epoch-start states, replays the sampler's draws and skips the indices of the bat
 without loading them, so the remaining batches are bitwise the ones the uninterrupted run would have seen,
 with any ``num_workers``. After that epoch the generators are where the uninterrupted run left them.
 
-Random augmentation in ``__getitem__`` (and in a ``collate_fn`` of the user's) resumes exactly too, at epoch boundaries and mid-epoch, with
+Random augmentation in ``__getitem__`` (and in a ``collate_fn`` of the user's) resumes exactly too, at epoch
+boundaries and mid-epoch, with
 persistent workers and even with another ``num_workers``, for loaders built by ``seeded_loader`` (or
 ``prepare_loader`` from a shuffled or sequential DataLoader): each sample is loaded with torch's CPU,
 Python's and NumPy's global RNGs seeded from (seed, epoch, position in the epoch), the epoch being read from
