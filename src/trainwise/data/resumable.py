@@ -10,11 +10,11 @@ without loading them, so the remaining batches are bitwise the ones the uninterr
 with any ``num_workers``. After that epoch the generators are where the uninterrupted run left them.
 
 Random augmentation in ``__getitem__`` (and in a ``collate_fn`` of the user's) resumes exactly too, at epoch
-boundaries and mid-epoch, with
-persistent workers and even with another ``num_workers``, for loaders built by ``seeded_loader`` (or
-``prepare_loader`` from a shuffled or sequential DataLoader): each sample is loaded with torch's CPU,
-Python's and NumPy's global RNGs seeded from (seed, epoch, position in the epoch), the epoch being read from
-the sampler generator's state that is checkpointed here (``trainwise.data.seeding.seeded_sampling``).
+boundaries and mid-epoch, with persistent workers and even with another ``num_workers``, for loaders built by
+``seeded_loader`` (or ``prepare_loader`` from a shuffled or sequential DataLoader): each batch is loaded and
+collated with torch's CPU, Python's and NumPy's global RNGs seeded from (seed, epoch, position in the epoch),
+the epoch being read from the sampler generator's state that is checkpointed here
+(``trainwise.data.seeding.seeded_sampling``).
 
 Not resumed exactly: with any other loader (its own sampler or batch sampler, a plain DataLoader), randomness
 drawn *inside* worker processes after a resume, because each worker's stream goes on from what it drew
