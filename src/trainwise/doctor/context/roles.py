@@ -422,9 +422,8 @@ class Roles:
     def _method_kind(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
         if self.grad_disabled(fn.body[0]) if fn.body else False:  # type: ignore[attr-defined]
             return "no_grad"
-        from trainwise.doctor.context.functions import functions  # functions builds on the context
-
-        if functions(self).trains(fn):  # type: ignore[arg-type]
+        if any(method_call(n, "backward", "manual_backward", "zero_grad") or (
+                method_call(n, "step") and self.is_optimizer(n.func.value)) for n in walk_own(fn.body)):  # type: ignore[attr-defined]
             return "trains"  # discriminator.update(batch): forwards, backward and step of its own
         for node in walk_own(fn.body):
             if isinstance(node, ast.Call) and self.is_model_call(node) and not self.grad_disabled(node):  # type: ignore[attr-defined]
