@@ -43,7 +43,7 @@ class TrainerConfig:
     nonfinite: Literal["stop", "skip"] = "stop"  # what a NaN/inf loss does
     accuracy: Literal["auto", "on", "off"] = "auto"  # classification accuracy from logits and class targets
     loss_reduction: Literal["mean", "sum"] = "mean"  # how loss_fn reduces over items
-    count: Literal["samples", "tokens"] = "samples"  # what the loss averages over
+    count: Literal["auto", "samples", "tokens"] = "auto"  # what the loss averages over (auto: from the first batch)
     ignore_index: int = -100  # target value that is not counted as a token
     lr_by_pattern: dict[str, float] | None = None  # learning rate per glob of parameter names
     unfreeze_at: dict[int, list[str]] | None = None  # epoch -> patterns to unfreeze at its start

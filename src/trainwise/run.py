@@ -26,6 +26,7 @@ from trainwise.checkpoint.training import finish_checkpoint_writes, save_trainin
 from trainwise.checkpoint.weights import save_weights
 from trainwise.compiled import CompileWatch
 from trainwise.config import TrainerConfig
+from trainwise.data.batches import count_choice
 from trainwise.data.loaders import StreamCheck, evaluation_loader, training_loader, window_steps
 from trainwise.data.samplers import padding_for
 from trainwise.device import resolve_device, resolve_precision
@@ -96,6 +97,7 @@ class Fit:
     stopped_early: bool = False
     message: str = ""
     ended: bool = False  # callbacks and trackers were told the end state
+    count_said: bool = False  # what count="auto" chose was said (after the first step)
 
     @property
     def counters(self) -> LoopCounters:
@@ -117,6 +119,16 @@ class Fit:
                                      config=self.config, run_dir=self.folder.run_dir,
                                      background=True)  # fsync and pruning overlap the next epoch
         self.checkpoint_step = self.optimizer_steps
+
+    def say_count(self) -> None:
+        """With ``count="auto"``: what the first batch chose to count, and why, printed, logged and added to
+        ``config.json`` (once, after the first optimizer step)."""
+        self.count_said = True
+        found = count_choice(self.state.model) if self.options.count == "auto" else None
+        if found is not None:
+            count, reason = found
+            self.folder.announce("count", f"counting {count}: {reason}", count=count, reason=reason)
+            self.folder.amend_config(count=count, count_reason=reason)
 
     def report_halvings(self) -> None:
         """batch_size='auto' ran out of memory: said once per halving; checkpoints keep the new size."""

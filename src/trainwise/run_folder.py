@@ -145,6 +145,16 @@ class RunFolder:
         value = saved.get(RUN_ID_KEY) if isinstance(saved, dict) else None
         return value if isinstance(value, str) else None
 
+    def amend_config(self, **fields: Any) -> None:
+        """Add ``fields`` to ``config.json`` (what the run decided after it started: the count chosen); nothing
+        when there is no readable config.json or this process does not write (another rank)."""
+        try:
+            saved: Any = json.loads(self.file(CONFIG).read_text(encoding="utf-8"))
+        except (OSError, ValueError, TrainwiseError):
+            return
+        if isinstance(saved, dict) and self.log is not None:
+            self.log.write_json(CONFIG, {**saved, **fields})
+
     def has_config(self) -> bool:
         return os.path.lexists(self.run_dir / CONFIG)
 

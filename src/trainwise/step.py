@@ -144,7 +144,7 @@ class TrainStep:
         if (getattr(forward, "func", None) is not forward_micro_batch or options is None
                 or set(options) - {"device", "split", "loss_fn", "count", "ignore_index", "reduction", "autocast"}
                 or options.get("split", split_batch) is not split_batch or options.get("loss_fn") is not None
-                or options.get("count", "samples") != "samples" or options.get("reduction", "mean") != "mean"
+                or options.get("count", "auto") not in ("auto", "samples") or options.get("reduction", "mean") != "mean"
                 or options.get("autocast") is not None or options.get("ignore_index", -100) != self.ignore_index):
             return False
         if (self.splitter is not None or self.window_loss is not None or accumulator.steps != 1

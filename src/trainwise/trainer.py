@@ -194,6 +194,8 @@ class Trainer:
             if unsized:
                 fit.strategy.agree_on_last(last_batch, loader.batches_done)
             if step.add(batch, last=last_batch):  # the batch ended a window: the optimizer stepped
+                if not fit.count_said:
+                    fit.say_count()
                 if step.splitter is not None:  # batch_size="auto": a micro-batch halved is said once
                     fit.report_halvings()
                 logged = fire("on_step_end")  # log cadence, periodic checkpoint, then the user's callbacks
@@ -236,7 +238,8 @@ class Trainer:
 
     def validate(self, model: torch.nn.Module, loader: Iterable[Any], *, precision: Any = None,
                  device: torch.device | str | None = None) -> dict[str, float]:
-        """Loss (and accuracy) over a whole loader under eval mode and inference mode, counted by sample."""
+        """Loss (and accuracy) over a whole loader under eval mode and inference mode, counted as training counts
+        (``count``: by token when the loss is a mean over tokens)."""
         cfg = self.config
         device = torch.device(device) if device is not None else resolve_device(cfg.device).device
         precision = precision or resolve_precision(cfg.precision, device)

@@ -11,6 +11,7 @@
 from trainwise.data.batches import (
     MicroBatch,
     call_model,
+    count_choice,
     count_items,
     default_loss,
     forward_micro_batch,
@@ -72,6 +73,7 @@ __all__ = [
     "StreamCheck",
     "call_model",
     "capture_epoch_start",
+    "count_choice",
     "count_items",
     "data_kind",
     "default_loss",

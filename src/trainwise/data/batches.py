@@ -12,6 +12,10 @@ The rules, in the order they apply (docs/hand-written-loop.md has them with exam
 - The loss is ``loss_fn(logits, target)`` when a ``loss_fn`` was given; else the model's own loss when it
   returned one (``.loss``, ``["loss"]``, or the first item of a tuple when it received labels); else
   cross-entropy on the logits.
+- ``count="auto"`` (the default) counts tokens when the first batch shows that the loss is a mean over tokens:
+  the model's own loss on (batch, tokens) labels that it matches as a token cross-entropy (causal or not), or
+  trainwise's cross-entropy on (batch, tokens, vocabulary) logits; samples otherwise (a ``loss_fn``, one
+  label per sample, no target). The choice is made once per model (:func:`count_choice` says it and why).
 - With ``count="tokens"`` the count is what the loss averages over. A model's own loss is measured once per
   model against the logits: cross-entropy over the labels as they are (masked LMs, token classifiers,
   encoder-decoders) or shifted by one (causal LMs, where position t predicts label t+1, so a sequence
@@ -182,7 +186,7 @@ def forward_micro_batch(
     device: torch.device | str | None = None,
     split: Callable[[Any], tuple[Any, Any]] = split_batch,
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
-    count: str = "samples",
+    count: str = "auto",
     ignore_index: int = -100,
     reduction: str = "mean",
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
@@ -205,14 +209,23 @@ def forward_micro_batch(
         micro.loss, micro.count, micro.targets = None, 0, zero_rows(micro.targets)
         return micro
     inputs, targets = split(batch)
-    tokens, shifted = count == "tokens", None
+    samples = None
+    if count == "auto":
+        chosen = _chosen_count(model)
+        if chosen is not None:
+            count = chosen
+        elif targets is None or loss_fn is not None or not _token_labels(targets):
+            count = _choose(model, "samples", _sample_reason(targets, loss_fn))
+        else:  # token labels: the first forward tells whether the loss is a mean over them
+            samples = count_items(targets)
+    tokens, shifted = count != "samples", None
     shift = _measured_shift(model) if tokens and loss_fn is None else 0  # None: not measured yet
     if targets is None:
         items: Any = count_items(inputs) if not tokens else _no_target_tokens()
     else:
-        items = count_items(targets, count=count, ignore_index=ignore_index, shift=shift or 0)
+        items = count_items(targets, count="tokens" if tokens else count, ignore_index=ignore_index, shift=shift or 0)
         if shift is None:  # the first batch of a model not measured yet: the count of either convention
-            shifted = count_items(targets, count=count, ignore_index=ignore_index, shift=1)
+            shifted = count_items(targets, count="tokens", ignore_index=ignore_index, shift=1)
     if isinstance(items, torch.Tensor):
         items = int(items)  # a CPU count costs nothing; a count on an accelerator is one sync, needed to
         # know that a micro-batch has no token before its loss (a mean over zero items) poisons the gradient
@@ -221,27 +234,28 @@ def forward_micro_batch(
     signature = _signature(model)  # read once a step: it sits on every step's path
     if autocast is None:  # no autocast: no context entered and left on every step
         return _outputs_and_loss(model, inputs, targets, items, shifted, shift, signature, loss_fn, ignore_index,
-                                 reduction)
+                                 reduction, samples)
     with autocast():
         return _outputs_and_loss(model, inputs, targets, items, shifted, shift, signature, loss_fn, ignore_index,
-                                 reduction)
+                                 reduction, samples)
 
 
 def _outputs_and_loss(model: Any, inputs: Any, targets: Any, items: Any, shifted: Any, shift: int | None,
                       signature: _Signature, loss_fn: Callable[[Any, Any], torch.Tensor] | None, ignore_index: int,
-                      reduction: str) -> MicroBatch:
+                      reduction: str, samples: Any) -> MicroBatch:
     """Call the model and compute the loss (inside the forward's autocast), for :func:`forward_micro_batch`."""
     outputs = _call(model, inputs, targets, signature)
     return micro_batch_of(model, inputs, outputs, targets, items, shifted, shift, signature.takes_labels, loss_fn,
-                          ignore_index, reduction)
+                          ignore_index, reduction, samples=samples)
 
 
 def micro_batch_of(model: Any, inputs: Any, outputs: Any, targets: Any, items: Any, shifted: Any, shift: int | None,
                    labels: bool, loss_fn: Callable[[Any, Any], torch.Tensor] | None, ignore_index: int,
-                   reduction: str) -> MicroBatch:
+                   reduction: str, *, samples: Any = None) -> MicroBatch:
     """The :class:`MicroBatch` of what ``model`` returned for ``inputs``: its loss by the rule in the module
     docstring (``items``: the counted items; ``shift``: the model's label shift, None until measured;
-    ``labels``: whether the model takes ``labels=``)."""
+    ``labels``: whether the model takes ``labels=``; ``samples``: the batch's samples while ``count="auto"``
+    is still to be chosen, from this forward)."""
     labels_passed = labels and targets is not None
     own_loss, logits = model_loss_and_logits(outputs, labels_passed=labels_passed)
     if logits is None and loss_fn is not None:
@@ -251,6 +265,14 @@ def micro_batch_of(model: Any, inputs: Any, outputs: Any, targets: Any, items: A
             f"the model returned {_a(type(outputs).__name__)} with neither a loss nor logits; return a tensor "
             "of logits or a dict or object with 'loss' and 'logits', or pass loss_fn=... that reads it."
         )
+    if samples is not None:  # count="auto", the model's first batch of token labels: tokens, or samples?
+        found = _auto_count(model, own_loss, logits, targets, ignore_index)
+        if found is None:
+            items, shift = int(samples), 0
+        else:
+            if found and shift is None:
+                items = int(shifted)
+            shift = found
     if shift is None:
         if own_loss is None:
             shift = 0  # trainwise's cross-entropy: the labels as they are
@@ -343,6 +365,75 @@ def label_shift(model: Any, loss: torch.Tensor, logits: Any, labels: Any, *, ign
         f"mean cross-entropy over its labels as they are or shifted by one, so trainwise cannot know what it "
         f"averages over; {_LOSS_FN_FIX}."
     )
+
+
+# count="auto": the count chosen for each model, with the reason (see count_choice)
+_COUNT_CHOICE: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
+
+
+def count_choice(model: Any) -> tuple[str, str] | None:
+    """What ``count="auto"`` chose for ``model`` and why (``("tokens", "...")``), once its first batch was seen;
+    None before."""
+    key = unwrap_model(model) if isinstance(model, torch.nn.Module) else model
+    try:
+        return _COUNT_CHOICE.get(key)
+    except TypeError:
+        return None
+
+
+def _chosen_count(model: Any) -> str | None:
+    found = count_choice(model)
+    return None if found is None else found[0]
+
+
+def _choose(model: Any, count: str, reason: str) -> str:
+    key = unwrap_model(model) if isinstance(model, torch.nn.Module) else model
+    with contextlib.suppress(TypeError):  # a callable that takes no weak reference: chosen again each batch
+        _COUNT_CHOICE[key] = (count, reason)
+    return count
+
+
+def _token_labels(targets: Any) -> bool:
+    """Integer labels with a token dimension: (batch, tokens), not one label per sample."""
+    return (isinstance(targets, torch.Tensor) and targets.dim() >= 2 and not targets.is_floating_point()
+            and not targets.is_complex() and targets.dtype is not torch.bool)
+
+
+def _sample_reason(targets: Any, loss_fn: Any) -> str:
+    if loss_fn is not None:
+        return "the loss is your loss_fn's, which trainwise cannot see averaging over tokens (pass count='tokens' " \
+               "if it is a mean over them)"
+    if targets is None:
+        return "the batches have no target"
+    return "the labels are one per sample"
+
+
+def _auto_count(model: Any, own_loss: Any, logits: Any, targets: Any, ignore_index: int) -> int | None:
+    """``count="auto"`` on a model's first batch of token labels: the label shift when the loss is a mean over
+    its tokens (counted as tokens from here), else None (samples), the choice kept with its reason."""
+    name = type(unwrap_model(model) if isinstance(model, torch.nn.Module) else model).__name__
+    lined_up = (isinstance(logits, torch.Tensor) and logits.dim() == targets.dim() + 1
+                and logits.shape[:-1] == targets.shape)
+    if own_loss is None:
+        if lined_up:
+            _choose(model, "tokens", "cross-entropy over (batch, tokens, vocabulary) logits is a mean over the "
+                                     "tokens whose label is not ignore_index")
+            return 0
+        _choose(model, "samples", "the logits are not one row per token label")
+        return None
+    try:
+        shift = label_shift(model, own_loss, logits, targets, ignore_index=ignore_index)
+    except TrainwiseError:
+        shift = None
+    if shift is None:
+        _choose(model, "samples", f"{name}'s own loss is not a mean cross-entropy over its token labels as they "
+                                  "are or shifted by one (pass count='tokens' with loss_fn= to weight by tokens)")
+        return None
+    with contextlib.suppress(TypeError):
+        _LABEL_SHIFT[model] = shift
+    what = "shifted by one (a causal LM)" if shift else "as they are"
+    _choose(model, "tokens", f"{name}'s own loss is a mean over its token labels {what}, ignore_index left out")
+    return shift
 
 
 def _declared_shift(model: Any) -> int | None:
