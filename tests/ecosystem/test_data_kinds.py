@@ -75,8 +75,12 @@ def test_a_hugging_face_dataset_in_torch_format_is_batched_and_validated(tmp_pat
 
 def test_a_hugging_face_dataset_without_a_format_is_refused_in_one_sentence(tmp_path):
     data = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5, 6]], "label": [0, 1]})
-    with pytest.raises(TrainwiseError, match=r"no tensor format.*with_format\('torch'\).*collate_fn="):
+    with pytest.raises(TrainwiseError,
+                       match=r"the training data .*no tensor format.*with_format\('torch'\).*collate_fn="):
         _trainer(tmp_path, batch_size=2).fit(lambda: tiny_bert_classifier(), data)
+    # the validation data raw beside formatted training data: the sentence says which data it is
+    with pytest.raises(TrainwiseError, match=r"^the validation data \(a datasets.Dataset\) has no tensor format"):
+        _trainer(tmp_path, batch_size=2).fit(lambda: tiny_bert_classifier(), data.with_format("torch"), data)
 
 
 def test_data_collator_with_padding_batches_text_of_different_lengths(tmp_path):

@@ -485,6 +485,52 @@ def read_sharded(index: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
     absolute paths are refused), every listed shard must exist and hold the tensors listed for it, and no
     tensor may come from two shards. Nothing is read from any shard until the whole index has been checked.
     """
+    index = Path(index)
+    folder, shards = _checked_shards(index)
+    weights: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for shard, keys in shards.items():
+        loaded = safe_load(folder / shard)
+        if not is_state_dict(loaded):
+            raise TrainwiseError(
+                f"{folder / printable(shard, 120)} (a shard listed in {index.name}) is not a state dict of "
+                "tensors; use the folder as save_pretrained wrote it."
+            )
+        lost = [key for key in keys if key not in loaded]
+        if lost:
+            raise TrainwiseError(
+                f"{index} puts {_key(lost[0])!r} in {printable(shard, 120)!r}, which does not hold it; the index "
+                "and the shards do not belong together, so use the folder as save_pretrained wrote it."
+            )
+        for key, value in loaded.items():
+            if key in weights:
+                raise TrainwiseError(
+                    f"{_key(key)!r} is in two shards of {index} ({printable(origin[key], 120)!r} and "
+                    f"{printable(shard, 120)!r}), so which one to load is unknown; use the folder as "
+                    "save_pretrained wrote it."
+                )
+            weights[key], origin[key] = value, shard
+    return f"{index} ({len(shards)} shard{'' if len(shards) == 1 else 's'})", weights
+
+
+def weight_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The files :func:`read_weights` reads for ``path``: the file itself, the one a ``save_pretrained`` folder
+    holds, or the shards a shard index lists (checked as :func:`read_sharded` checks them, nothing loaded)."""
+    path = Path(path)
+    try:
+        is_folder = path.is_dir()
+    except OSError:
+        is_folder = False
+    if is_folder:
+        path = _weights_in_folder(path, adapter=False)
+    if path.name.endswith(".index.json"):
+        folder, shards = _checked_shards(path)
+        return [folder / shard for shard in shards]
+    return [check_file(path)]
+
+
+def _checked_shards(index: Path) -> tuple[Path, dict[str, list[str]]]:
+    """The folder of a shard index and its shards (file name -> tensor names), every name and file checked."""
     index = check_file(index)
     folder = index.parent
     try:
@@ -524,30 +570,7 @@ def read_sharded(index: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
             f"{index} lists the shard {printable(absent[0], 120)!r}{more}, which {folder} does not hold; the "
             "folder is incomplete, so copy or download the missing shards."
         )
-    weights: dict[str, Any] = {}
-    origin: dict[str, str] = {}
-    for shard, keys in shards.items():
-        loaded = safe_load(folder / shard)
-        if not is_state_dict(loaded):
-            raise TrainwiseError(
-                f"{folder / printable(shard, 120)} (a shard listed in {index.name}) is not a state dict of "
-                "tensors; use the folder as save_pretrained wrote it."
-            )
-        lost = [key for key in keys if key not in loaded]
-        if lost:
-            raise TrainwiseError(
-                f"{index} puts {_key(lost[0])!r} in {printable(shard, 120)!r}, which does not hold it; the index "
-                "and the shards do not belong together, so use the folder as save_pretrained wrote it."
-            )
-        for key, value in loaded.items():
-            if key in weights:
-                raise TrainwiseError(
-                    f"{_key(key)!r} is in two shards of {index} ({printable(origin[key], 120)!r} and "
-                    f"{printable(shard, 120)!r}), so which one to load is unknown; use the folder as "
-                    "save_pretrained wrote it."
-                )
-            weights[key], origin[key] = value, shard
-    return f"{index} ({len(shards)} shard{'' if len(shards) == 1 else 's'})", weights
+    return folder, shards
 
 
 # -- loading and saving --------------------------------------------------------------------------------------

@@ -68,25 +68,43 @@ def run(args: argparse.Namespace) -> int:
 # -- inspect -------------------------------------------------------------------------------------------------
 
 
+def _is_folder(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
 def describe(path: str | Path) -> dict[str, Any]:
     """Everything ``ckpt inspect`` shows, as plain JSON-ready values."""
     import torch
 
     from trainwise.checkpoint.io import detect_format, name_mismatch, printable, safe_load
-    from trainwise.checkpoint.weights import find_weights, wrapper_prefixes
+    from trainwise.checkpoint.weights import find_weights, read_weights, weight_files, wrapper_prefixes
 
     path = Path(path)
-    fmt = detect_format(path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the name-mismatch warning: shown as the "note" row instead
-        content = safe_load(path)
+    files: list[Path] | None = None
+    if _is_folder(path) or path.name.endswith(".index.json"):  # save_pretrained's folder, or a shard index
+        files = weight_files(path)
+        single = len(files) == 1 and not files[0].name.endswith(".index.json") and not path.name.endswith(
+            ".index.json") and files[0].parent == path
+        fmt = (f"save_pretrained folder ({files[0].name})" if single
+               else f"{len(files)} shard{'' if len(files) == 1 else 's'} ({detect_format(files[0])})")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            content = read_weights(path)[1]
+    else:
+        fmt = detect_format(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the name-mismatch warning: shown as the "note" row instead
+            content = safe_load(path)
     found = find_weights(content)
     weights: Mapping[str, Any] = found[1] if found else {}
     tensors = {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}
     info: dict[str, Any] = {
         "file": str(path),
         "format": fmt,
-        "bytes": path.stat().st_size,
+        "bytes": sum(f.stat().st_size for f in files) if files is not None else path.stat().st_size,
         "kind": _kind(content, found is not None),
         "holds": _holds(content, found is not None),
         "weights_at": found[0] if found else None,
@@ -99,7 +117,9 @@ def describe(path: str | Path) -> dict[str, Any]:
             for k, t in tensors.items()
         ],
     }
-    mismatch = name_mismatch(path, fmt)
+    if files is not None:
+        info["files"] = [{"name": printable(f.name, 120), "bytes": f.stat().st_size} for f in files]
+    mismatch = name_mismatch(path, fmt) if files is None else None
     if mismatch:
         info["note"] = f"this file {mismatch}; it was read by its content"
     if isinstance(content, Mapping) and isinstance(content.get("meta"), Mapping):
@@ -273,6 +293,8 @@ def _inspect(args: argparse.Namespace) -> int:
     summary.add_column()
     summary.add_row("file", cell(info["file"], None))
     summary.add_row("format", cell(f"{info['format']} ({info['bytes']:,} bytes)"))
+    if len(info.get("files", ())) > 1:
+        summary.add_row("shards", cell(", ".join(f"{f['name']} ({f['bytes']:,} bytes)" for f in info["files"]), 2000))
     if info.get("note"):
         summary.add_row("note", cell(info["note"]))
     summary.add_row("kind", cell(info["kind"]))

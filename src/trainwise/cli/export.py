@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,8 @@ def register(sub: Any) -> None:
             "model at three batch sizes; a JSON sidecar ARTIFACT.json records shapes, versions and parity."
         ),
     )
-    exporter.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT", help="weights file (optional with --demo)")
+    exporter.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT",
+                          help="weights file, shard index or save_pretrained folder (optional with --demo)")
     exporter.add_argument("--model", metavar="MODULE:FACTORY", help="package.module:function that builds the model")
     exporter.add_argument("--model-kwargs", metavar="JSON", default="{}", help="factory arguments as JSON")
     exporter.add_argument("--demo", action="store_true", help=f"the demo's CNN ({DEMO_FACTORY}, shape {DEMO_SHAPE})")
@@ -95,7 +97,7 @@ def run_export(args: argparse.Namespace) -> int:
     shape = parse_shape(shape_text)
     kwargs = _model_kwargs(args.model_kwargs)
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
-    if checkpoint is not None and not checkpoint.is_file():
+    if checkpoint is not None and not os.path.lexists(checkpoint):
         raise TrainwiseError(f"checkpoint {checkpoint} does not exist; check the path.")
 
     if args.output:

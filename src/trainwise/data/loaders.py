@@ -130,7 +130,7 @@ def _local_loader(
             what, fix = ("training", "check the data") if train else (
                 "validation", "pass val_data=None to train without validation")
             raise TrainwiseError(f"the {what} data set is empty (0 samples); {fix}.")
-        _check_hf_format(data, collate_fn)
+        _check_hf_format(data, collate_fn, "training" if train else "validation")
         return seeded_loader(data, batch_size=batch_size, seed=seed, shuffle=train, num_workers=num_workers,
                              pin_memory=pin, collate_fn=collate_fn or StackSamples())
     if kind == "stream":
@@ -236,15 +236,15 @@ def _leaves(item: Any) -> Iterator[Any]:
         yield item
 
 
-def _check_hf_format(data: Any, collate_fn: Any) -> None:
+def _check_hf_format(data: Any, collate_fn: Any, what: str = "training") -> None:
     """A Hugging Face Dataset without a tensor format yields Python lists, which the default collate
-    transposes (one tensor per position, not per sample)."""
+    transposes (one tensor per position, not per sample); ``what`` names the data (training or validation)."""
     if collate_fn is not None or type(data).__module__.split(".")[0] != "datasets":
         return
     if (getattr(data, "format", None) or {}).get("type") not in ("torch", "numpy", "np"):
         raise TrainwiseError(
-            "the datasets.Dataset has no tensor format, so its rows are Python lists; call "
-            "dataset.with_format('torch') for rows of equal length, or pass collate_fn= (for text, "
+            f"the {what} data (a datasets.Dataset) has no tensor format, so its rows are Python lists; call "
+            ".with_format('torch') on it for rows of equal length, or pass collate_fn= (for text, "
             "transformers.DataCollatorWithPadding(tokenizer) pads each batch)."
         )
 
