@@ -72,9 +72,10 @@ def test_bert_classifier_exports_with_a_dynamic_batch_and_the_mask_operators(ber
     for format, report in bert_exports["reports"].items():
         assert report.verified and report.dynamic_batch and report.batch_sizes == (2, 1, 3), format
         assert [(s["name"], s["shape"], s["dtype"]) for s in report.inputs] == [
-            ("input_ids", ["batch", LENGTH], "int64"),
-            ("attention_mask", ["batch", LENGTH], "int64"),
+            ("input_ids", ["batch", "sequence"], "int64"),
+            ("attention_mask", ["batch", "sequence"], "int64"),
         ]
+        assert report.lengths == {"sequence": (LENGTH, LENGTH + 3, LENGTH // 2)}, format
         assert [(s["name"], s["shape"]) for s in report.outputs] == [("logits", ["batch", 3])]
     assert bert_exports["reports"]["torchscript"].method == "trace"  # no HF model scripts; tracing is what works
     with zipfile.ZipFile(bert_exports["reports"]["torch.export"].path) as archive:
@@ -186,7 +187,7 @@ def test_several_outputs_of_a_base_model_export_as_a_tuple(tmp_path):
     report = trainwise.export(model, _tokens([12, 7], seed=0), tmp_path / "encoder.pt2",
                               outputs=("last_hidden_state", "pooler_output"))  # fmt: skip
     assert [(s["name"], s["shape"]) for s in report.outputs] == [
-        ("last_hidden_state", ["batch", LENGTH, 16]),
+        ("last_hidden_state", ["batch", "sequence", 16]),
         ("pooler_output", ["batch", 16]),
     ]
     ids, mask = CHECKS[2]
@@ -195,6 +196,36 @@ def test_several_outputs_of_a_base_model_export_as_a_tuple(tmp_path):
         want = model(input_ids=ids, attention_mask=mask)
     torch.testing.assert_close(hidden, want.last_hidden_state, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(pooled, want.pooler_output, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("format", [f for f in FORMATS if f != "torchscript"])
+def test_a_text_model_exports_with_its_sequence_length_free(bert_exports, format):
+    """Token inputs keep their length free by default (up to the model's max_position_embeddings, 32 here): the
+    artifact runs at lengths the example (12) never had, as the eager model does."""
+    artifact = load_exported(bert_exports["reports"][format].path)
+    model = bert_exports["model"]
+    for length in (28, 5, 32):
+        g = torch.Generator().manual_seed(length)
+        ids = torch.randint(1, VOCAB, (3, length), generator=g)
+        mask = torch.ones_like(ids)
+        mask[0, length // 2:] = 0
+        with torch.no_grad():
+            want = model(input_ids=ids, attention_mask=mask).logits
+        torch.testing.assert_close(artifact(ids, mask), want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_sequence_length_can_be_fixed_or_another_dimension_freed(tmp_path):
+    model = tiny_bert_classifier(seed=0).eval()
+    example = _tokens([12, 7], seed=0)
+    fixed = trainwise.export(model, example, tmp_path / "fixed.pt2", outputs="logits",
+                             dims={"input_ids": {1: None}, "attention_mask": {1: None}})
+    assert [s["shape"] for s in fixed.inputs] == [["batch", LENGTH], ["batch", LENGTH]] and fixed.lengths == {}
+    with pytest.raises(TrainwiseError, match=r"must have shape \(batch, 12\)"):
+        load_exported(fixed.path)(torch.ones(1, 20, dtype=torch.long), torch.ones(1, 20, dtype=torch.long))
+    with pytest.raises(TrainwiseError, match=r"dims names the input 'ids'; the inputs are input_ids, attention_mask"):
+        trainwise.export(model, example, tmp_path / "bad.pt2", outputs="logits", dims={"ids": {1: None}})
+    with pytest.raises(TrainwiseError, match=r"dimension 0 is dynamic_batch's"):
+        trainwise.export(model, example, tmp_path / "bad.pt2", outputs="logits", dims={"input_ids": {0: None}})
 
 
 @pytest.mark.slow
@@ -219,3 +250,35 @@ def test_the_cli_exports_a_bert_classifier_with_outputs(tmp_path, monkeypatch, c
     np.save(tmp_path / "ids.npy", np.arange(1, 25, dtype=np.int64).reshape(2, 12))
     assert main(["predict", "bert.pt2", "ids.npy"]) == 0
     assert "logits: shape [2, 3] float32" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not HAVE_ONNX, reason="needs onnx, onnxscript and onnxruntime")
+def test_a_successful_onnx_export_says_nothing_but_its_report(tmp_path, caplog):
+    model = tiny_bert_classifier(seed=0).eval()
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level("WARNING"):
+        warnings.simplefilter("always")
+        report = trainwise.export(model, _tokens([12, 7], seed=0), tmp_path / "bert.onnx", "onnx", outputs="logits")
+    assert report.verified
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "ERROR")] == []
+    assert [str(w.message) for w in caught if "onnx" in (w.filename or "")] == []
+
+
+def test_the_cli_fixes_a_dimension_with_dims(tmp_path, monkeypatch, capsys):
+    (tmp_path / "hf_factory.py").write_text(
+        "import transformers\n\n"
+        "def make_bert():\n"
+        "    config = transformers.BertConfig(vocab_size=61, hidden_size=16, num_hidden_layers=2,\n"
+        "                                     num_attention_heads=2, intermediate_size=32,\n"
+        "                                     max_position_embeddings=32, num_labels=3)\n"
+        "    return transformers.BertForSequenceClassification(config)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    common = ["export", "--model", "hf_factory:make_bert", "--example-shape", "2,9", "--example-dtype", "int64",
+              "--outputs", "logits", "--json"]
+    assert main([*common, "--output", "free.pt2"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"][0]["shape"] == ["batch", "sequence"]
+    assert main([*common, "--output", "fixed.pt2", "--dims", '{"input_ids": {"1": null}}']) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"][0]["shape"] == ["batch", 9]
+    assert main([*common, "--output", "bad.pt2", "--dims", "[1"]) == 2
+    assert "--dims must be a JSON object" in capsys.readouterr().err

@@ -515,7 +515,7 @@ SIDECARS = {
         "inputs[0].dtype",
     ),
     "shape-of-strings": (
-        '{"format": "torch.export", "inputs": [{"name": "x", "shape": ["a"], "dtype": "float32"}], "outputs": []}',
+        '{"format": "torch.export", "inputs": [{"name": "x", "shape": ["a b"], "dtype": "float32"}], "outputs": []}',
         "inputs[0].shape",
     ),
     "negative-size": (

@@ -52,6 +52,11 @@ def register(sub: Any) -> None:
     )
     exporter.add_argument("--static-batch", action="store_true", help="fix the batch size to the example's")
     exporter.add_argument(
+        "--dims", metavar="JSON",
+        help='free or fix dimensions by input name, e.g. \'{"input_ids": {"1": null}}\' fixes the sequence length '
+             "(integer inputs keep dimension 1 free as 'sequence' by default)",
+    )
+    exporter.add_argument(
         "--outputs", metavar="NAME[,NAME...]",
         help="export these fields of a model that returns a ModelOutput, dict or dataclass (e.g. logits)",
     )
@@ -123,6 +128,7 @@ def run_export(args: argparse.Namespace) -> int:
             output,
             args.format,
             dynamic_batch=not args.static_batch,
+            dims=_dims(args.dims),
             atol=args.atol,
             rtol=args.rtol,
             outputs=parse_outputs(args.outputs),
@@ -152,6 +158,20 @@ def default_output(checkpoint: Path, format: str) -> Path:
     if output.name == checkpoint.name:  # a checkpoint already named .pt2
         output = checkpoint.with_name(f"{checkpoint.stem}-exported{suffix}")
     return output
+
+
+def _dims(text: str | None) -> dict[str, dict[int, str | None]] | None:
+    """``--dims`` JSON as export()'s ``dims=``: dimension numbers given as JSON strings become ints."""
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+        return {name: {int(dim): symbol for dim, symbol in spec.items()} for name, spec in data.items()}
+    except (ValueError, TypeError, AttributeError):
+        raise TrainwiseError(
+            f"--dims must be a JSON object of input names to {{dimension: name or null}}, e.g. "
+            f"'{{\"input_ids\": {{\"1\": null}}}}', got {text[:80]!r}."
+        ) from None
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -253,6 +253,8 @@ class StackSamples:
     """torch's default collate, with one sentence in place of the error from samples it cannot stack, and a
     refusal of Python lists (which it would transpose into one tensor per position)."""
 
+    draws_no_random = True  # seeded loaders need not seed its collation (trainwise.data.seeding)
+
     def __init__(self) -> None:
         self.checked = False  # the first batch's first sample is looked at; the rest collate as torch does
 

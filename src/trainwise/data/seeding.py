@@ -203,9 +203,12 @@ def seeded_collate(collate_fn: Any, dataset: Any) -> Any:
 
 
 def _may_draw(collate_fn: Any) -> bool:
+    """Whether a collate function may draw random numbers: not torch's own, nor one that declares it draws none
+    (a ``draws_no_random = True`` attribute, as trainwise's ``StackSamples`` has)."""
     from torch.utils.data import default_collate, default_convert
 
-    return collate_fn is not None and collate_fn not in (default_collate, default_convert)
+    return (collate_fn is not None and collate_fn not in (default_collate, default_convert)
+            and not getattr(collate_fn, "draws_no_random", False))
 
 
 def _unseeded_collate(collate_fn: Any) -> Any:

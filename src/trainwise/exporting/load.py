@@ -382,7 +382,8 @@ def _check_inputs(inputs: tuple[Any, ...], specs: list[dict[str, Any]] | None, a
             )
         shape = list(tensor.shape)
         expected = spec["shape"]
-        fits = len(shape) == len(expected) and all(want == "batch" or want == got for want, got in zip(expected, shape))
+        fits = len(shape) == len(expected) and all(
+            isinstance(want, str) or want == got for want, got in zip(expected, shape))  # a name: a free size
         if not fits:
             hint = " (add the batch dimension: x[None] for one sample)" if len(shape) == len(expected) - 1 else ""
             raise TrainwiseError(

@@ -68,6 +68,7 @@ def _sidecar_problem(data: Any) -> str | None:
             if not isinstance(dtype, str) or not isinstance(vars(torch).get(dtype), torch.dtype):
                 return f"{where}.dtype must name a torch dtype such as 'float32'"
             sizes_ok = isinstance(shape, list) and len(shape) <= 64
-            if not sizes_ok or not all(size == "batch" or (type(size) is int and size >= 0) for size in shape):
-                return f"{where}.shape must be a list of sizes and 'batch'"
+            if not sizes_ok or not all((isinstance(size, str) and size.isidentifier() and len(size) <= 40)
+                                       or (type(size) is int and size >= 0) for size in shape):
+                return f"{where}.shape must be a list of sizes and names of free dimensions ('batch')"
     return None

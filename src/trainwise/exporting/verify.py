@@ -58,19 +58,23 @@ class ExportReport:
     verified: bool
     runtime: str  # what ran the artifact for the parity check
     seconds: float = 0.0
+    lengths: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # other free dimensions checked
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["path"], data["sidecar"] = str(self.path), str(self.sidecar)
         data["batch_sizes"] = list(self.batch_sizes)
+        data["lengths"] = {k: list(v) for k, v in self.lengths.items()}
         return data
 
     def __str__(self) -> str:
         if not self.verified:
             parity = "parity NOT verified (onnxruntime is not installed)"
         else:
+            others = "".join(f" and {name} lengths {', '.join(map(str, sizes))}"
+                             for name, sizes in self.lengths.items())
             parity = (
-                f"parity at batch sizes {', '.join(map(str, self.batch_sizes))}: max abs diff "
+                f"parity at batch sizes {', '.join(map(str, self.batch_sizes))}{others}: max abs diff "
                 f"{self.max_abs_diff:.3g}, max rel diff {self.max_rel_diff:.3g} "
                 f"(atol {self.atol:g}, rtol {self.rtol:g})"
             )
@@ -82,13 +86,13 @@ class ExportReport:
 def _verify(
     staged: Path,
     metadata: dict[str, Any],
-    checks: list[tuple[int | None, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]],
+    checks: list[Any],
     *,
     atol: float | None,
     rtol: float | None,
 ) -> ExportReport:
     format = metadata["format"]
-    first = checks[0][2][0]
+    first = checks[0].expected[0]
     default_atol, default_rtol = TOLERANCES.get(first.dtype, (0.0, 0.0))
     report = ExportReport(
         path=staged,
@@ -98,7 +102,9 @@ def _verify(
         dynamic_batch=metadata["dynamic_batch"],
         inputs=metadata["inputs"],
         outputs=metadata["outputs"],
-        batch_sizes=tuple(size for size, _, _ in checks if size is not None),
+        batch_sizes=tuple(dict.fromkeys(c.sizes["batch"] for c in checks if "batch" in c.sizes)),
+        lengths={name: tuple(dict.fromkeys(c.sizes[name] for c in checks)) for name in checks[0].sizes
+                 if name != "batch"},
         atol=default_atol if atol is None else atol,
         rtol=default_rtol if rtol is None else rtol,
         max_abs_diff=None,
@@ -120,14 +126,15 @@ def _verify(
     loaded = _load(staged, format, None, metadata, trust_code=True)
     report.runtime = loaded.runtime
     worst_abs = worst_rel = 0.0
-    for size, inputs, expected in checks:
-        at = f" at batch size {size}" if size is not None else ""
+    for check in checks:
+        inputs, expected, at = check.inputs, check.expected, check.where
         try:
             actual = loaded.run_tuple(*inputs)
         except Exception as exc:
             raise ExportParityError(
                 f"the {format} artifact fails{at} with {type(exc).__name__}: {_first_line(exc)}, so the export "
-                "froze a shape the eager model keeps free; pass dynamic_batch=False or use format='torch.export'.",
+                "froze a shape the eager model keeps free; fix that dimension (dynamic_batch=False, or dims= for "
+                "another) or use format='torch.export'.",
                 report=report,
             ) from exc
         if len(actual) != len(expected):
@@ -141,8 +148,8 @@ def _verify(
             if got.shape != want.shape:
                 raise ExportParityError(
                     f"the {format} artifact returns shape {tuple(got.shape)} for output {position}{at} where the "
-                    f"eager model returns {tuple(want.shape)}; pass dynamic_batch=False or use "
-                    "format='torch.export'.",
+                    f"eager model returns {tuple(want.shape)}; fix that dimension (dynamic_batch=False, or dims= "
+                    "for another) or use format='torch.export'.",
                     report=report,
                 )
             out_atol, out_rtol = TOLERANCES.get(want.dtype, (0.0, 0.0))

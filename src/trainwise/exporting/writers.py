@@ -47,6 +47,7 @@ def export(
     rtol: float | None = None,
     check_batch_sizes: Sequence[int] | None = None,
     outputs: str | Sequence[str] | None = None,
+    dims: Mapping[str, Mapping[int, str | None]] | None = None,
 ) -> ExportReport:
     """Export ``model`` in eval mode to ``path``, check the artifact against the eager model, write ``path.json``.
 
@@ -58,6 +59,13 @@ def export(
 
     ``outputs`` exports the named fields of a model that returns a ``ModelOutput`` (Hugging Face), a dict or a
     dataclass: ``outputs="logits"`` makes the artifact return that tensor, several names a tuple in that order.
+
+    Integer inputs of two or more dimensions (token ids, attention masks) have their dimension 1 free too, as
+    ``"sequence"`` (one size shared by all of them, up to the model's ``config.max_position_embeddings`` when it
+    has one), and parity is checked at two other lengths. ``dims`` frees or fixes any other dimension by input
+    name: ``dims={"input_ids": {1: None}}`` fixes the sequence length to the example's, ``dims={"image": {2:
+    "height", 3: "width"}}`` frees two (a name shared by several dimensions is one size); dimension 0 is the
+    batch's (``dynamic_batch``).
     """
     started = time.perf_counter()
     if format not in FORMATS:
@@ -86,28 +94,43 @@ def export(
     else:
         batch = inputs[0].shape[0] if inputs[0].dim() else None  # reported only; every shape is fixed
         sizes = _batch_sizes(None, check_batch_sizes)
+    free = _free_dims(names, inputs, dynamic_batch, dims)
+    limits = {"sequence": _max_positions(model)}
 
     modes = training_modes(model)
     try:
         model.eval()  # dropout off, BatchNorm on its running statistics; restored in finally
         expected, single = _eager(model, inputs, names)
-        checks: list[tuple[int | None, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = [
-            (batch, inputs, expected)
-        ]
+        example_sizes = _symbol_sizes(free, inputs)
+        if batch is not None:
+            example_sizes.setdefault("batch", batch)  # reported even when fixed
+        checks = [Check(example_sizes, inputs, expected, f" at batch size {batch}" if dynamic_batch else "")]
         for size in sizes:
             resized = _resize_batch(inputs, size)
-            checks.append((size, resized, _eager(model, resized, names)[0]))
-        # A batch of 1 makes torch.export specialise the dimension to the constant 1 (its "0/1 specialisation"),
-        # so the graph is captured from a batch of 2 built from the example instead.
+            checks.append(Check({**example_sizes, "batch": size}, resized, _eager(model, resized, names)[0],
+                                f" at batch size {size}"))
+        for symbol, length in example_sizes.items():
+            if symbol == "batch":
+                continue
+            for other in _other_lengths(length, limits.get(symbol)):
+                resized = _resize_dims(inputs, free, symbol, other)
+                checks.append(Check({**example_sizes, symbol: other}, resized, _eager(model, resized, names)[0],
+                                    f" at {symbol} length {other}"))
+        # A size of 1 makes torch.export specialise the dimension to the constant 1 (its "0/1 specialisation"),
+        # so the graph is captured from a size of 2 built from the example instead.
         capture = _resize_batch(inputs, 2) if dynamic_batch and batch == 1 else inputs
-        input_specs = _specs(names, inputs, dynamic_batch)
-        output_specs = _output_specs(checks, dynamic_batch)
+        for symbol, length in example_sizes.items():
+            if symbol != "batch" and length == 1:
+                capture = _resize_dims(capture, free, symbol, 2)
+        input_specs = _specs(names, inputs, free)
+        output_specs = _output_specs(checks)
         output_names = list(selected) or _output_names(len(expected))
         output_specs = [{"name": n, **s} for n, s in zip(output_names, output_specs)]
         with tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as staging:
             staged = Path(staging) / target.name
             writer = {"torch.export": _write_torch_export, "torchscript": _write_torchscript, "onnx": _write_onnx}
-            method = writer[format](model, capture, staged, dynamic_batch, names, output_names)
+            shapes = _dynamic_shapes(model, capture, free, limits)
+            method = writer[format](model, capture, staged, shapes, names, output_names)
             restore_training_modes(model, modes)  # the artifact is written; the model is no longer needed
             metadata = {
                 "trainwise_export": SIDECAR_VERSION,
@@ -115,6 +138,8 @@ def export(
                 "artifact": target.name,
                 "method": method,
                 "dynamic_batch": dynamic_batch,
+                "dims": {name: {str(d): sym for d, sym in sorted(spec.items())} for name, spec in zip(names, free)
+                         if spec},
                 "single_output": single,
                 "inputs": input_specs,
                 "outputs": output_specs,
@@ -128,6 +153,7 @@ def export(
                 for key in ("verified", "runtime", "atol", "rtol", "max_abs_diff", "max_rel_diff")
             }
             metadata["parity"]["batch_sizes"] = list(report.batch_sizes)
+            metadata["parity"]["lengths"] = {k: list(v) for k, v in report.lengths.items()}
             for produced in sorted(Path(staging).iterdir()):  # the artifact (and ONNX external data, if any)
                 os.replace(produced, target.parent / produced.name)
     finally:
@@ -350,26 +376,121 @@ def _tensor_text(tensor: torch.Tensor) -> str:
     return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
 
 
-def _specs(names: list[str], tensors: Sequence[torch.Tensor], dynamic: bool) -> list[dict[str, Any]]:
+@dataclasses.dataclass
+class Check:
+    """One parity check: the free dimensions' sizes, the inputs, the eager outputs, and where (for messages)."""
+
+    sizes: dict[str, int]
+    inputs: tuple[torch.Tensor, ...]
+    expected: tuple[torch.Tensor, ...]
+    where: str
+
+
+def _free_dims(names: list[str], inputs: tuple[torch.Tensor, ...], dynamic_batch: bool,
+               dims: Mapping[str, Mapping[int, str | None]] | None) -> list[dict[int, str]]:
+    """For each input, its free dimensions and their names: the batch (dimension 0, with ``dynamic_batch``), the
+    sequence of integer inputs (dimension 1, when they all have the same length there), then ``dims``."""
+    free: list[dict[int, str]] = [{0: "batch"} if dynamic_batch and t.dim() else {} for t in inputs]
+    tokens = [i for i, t in enumerate(inputs) if t.dim() >= 2 and not t.is_floating_point() and not t.is_complex()]
+    if tokens and len({inputs[i].shape[1] for i in tokens}) == 1:
+        for i in tokens:
+            free[i][1] = "sequence"
+    if dims is None:
+        return free
+    if not isinstance(dims, Mapping):
+        raise TrainwiseError(f"dims must map input names to {{dimension: name or None}}, got {type(dims).__name__}.")
+    for name, spec in dims.items():
+        if name not in names:
+            raise TrainwiseError(f"dims names the input {str(name)[:80]!r}; the inputs are {', '.join(names)}.")
+        position = names.index(name)
+        rank = inputs[position].dim()
+        if not isinstance(spec, Mapping):
+            raise TrainwiseError(f"dims[{name!r}] must map dimensions to a name or None, e.g. {{1: None}}.")
+        for dim, symbol in spec.items():
+            if type(dim) is not int or not 0 < dim < rank:
+                raise TrainwiseError(
+                    f"dims[{name!r}] names dimension {dim!r}, but {name!r} has dimensions 1 to {rank - 1} besides the "
+                    "batch (dimension 0 is dynamic_batch's)."
+                )
+            if symbol is None:
+                free[position].pop(dim, None)
+            elif isinstance(symbol, str) and symbol.isidentifier() and len(symbol) <= 40 and symbol != "batch":
+                free[position][dim] = symbol
+            else:
+                raise TrainwiseError(
+                    f"dims[{name!r}][{dim}] must be a name such as 'sequence' (a Python identifier other than "
+                    f"'batch') or None, got {str(symbol)[:40]!r}."
+                )
+    return free
+
+
+def _symbol_sizes(free: list[dict[int, str]], inputs: tuple[torch.Tensor, ...]) -> dict[str, int]:
+    """Each free dimension's name and its size in the example; one name with two sizes is refused."""
+    sizes: dict[str, int] = {}
+    for spec, tensor in zip(free, inputs):
+        for dim, symbol in spec.items():
+            size = tensor.shape[dim]
+            if sizes.setdefault(symbol, size) != size:
+                raise TrainwiseError(
+                    f"the free dimension {symbol!r} is {sizes[symbol]} in one example input and {size} in another; "
+                    "give them the same size, or name them differently with dims=."
+                )
+    return sizes
+
+
+def _max_positions(model: nn.Module) -> int | None:
+    """The longest sequence the model takes, when its configuration says (``config.max_position_embeddings``)."""
+    for candidate in (model, getattr(model, "model", None)):
+        value = getattr(getattr(candidate, "config", None), "max_position_embeddings", None)
+        if type(value) is int and value > 1:
+            return value
+    return None
+
+
+def _other_lengths(length: int, limit: int | None) -> list[int]:
+    """Two other sizes of a free dimension to check parity at: longer and shorter, within the model's limit."""
+    candidates = [length + 3, max(2, length // 2), length + 1]
+    return [n for n in dict.fromkeys(candidates) if n != length and (limit is None or n <= limit)][:2]
+
+
+def _resize_dims(inputs: tuple[torch.Tensor, ...], free: list[dict[int, str]], symbol: str,
+                 size: int) -> tuple[torch.Tensor, ...]:
+    """Inputs whose dimensions named ``symbol`` have ``size``: the example's entries along them repeated in
+    turn (token ids stay in the vocabulary, masks stay masks)."""
+    resized = []
+    with torch.no_grad():
+        for spec, tensor in zip(free, inputs):
+            for dim, name in spec.items():
+                if name == symbol:
+                    index = torch.arange(size, device=tensor.device) % tensor.shape[dim]
+                    tensor = tensor.detach().index_select(dim, index)
+            resized.append(tensor)
+    return tuple(resized)
+
+
+def _specs(names: list[str], tensors: Sequence[torch.Tensor], free: list[dict[int, str]]) -> list[dict[str, Any]]:
     return [
         {
             "name": name,
-            "shape": ["batch" if dynamic and i == 0 else size for i, size in enumerate(tensor.shape)],
+            "shape": [spec.get(i, size) for i, size in enumerate(tensor.shape)],
             "dtype": str(tensor.dtype).removeprefix("torch."),
         }
-        for name, tensor in zip(names, tensors)
+        for name, tensor, spec in zip(names, tensors, free)
     ]
 
 
-def _output_specs(checks: list[Any], dynamic: bool) -> list[dict[str, Any]]:
-    """Output shapes, with ``"batch"`` where a dimension followed the input batch size across the checks."""
+def _output_specs(checks: list[Check]) -> list[dict[str, Any]]:
+    """Output shapes, with a free dimension's name where a dimension followed its size across the checks."""
     specs = []
-    for position, tensor in enumerate(checks[0][2]):
+    symbols = [s for s in checks[0].sizes if len({c.sizes.get(s) for c in checks}) > 1]
+    for position, tensor in enumerate(checks[0].expected):
         shape: list[int | str] = list(tensor.shape)
-        if dynamic and len(checks) > 1:
-            for dim in range(len(shape)):
-                if all(c[2][position].dim() > dim and c[2][position].shape[dim] == c[0] for c in checks):
-                    shape[dim] = "batch"
+        for dim in range(len(shape)):
+            for symbol in symbols:
+                if all(c.expected[position].dim() > dim and c.expected[position].shape[dim] == c.sizes[symbol]
+                       for c in checks):
+                    shape[dim] = symbol
+                    break
         specs.append({"shape": shape, "dtype": str(tensor.dtype).removeprefix("torch.")})
     return specs
 
@@ -383,13 +504,20 @@ def _versions(format: str) -> dict[str, str]:
     return versions
 
 
-def _dynamic_shapes(model: nn.Module, inputs: tuple[torch.Tensor, ...], dynamic: bool) -> tuple[Any, ...] | None:
-    """Dimension 0 of every input is the batch, laid out as forward()'s parameters take the inputs: a
-    ``forward(self, *inputs)`` (the ``outputs=`` wrapper's) takes them all as one argument."""
-    if not dynamic:
+def _dynamic_shapes(model: nn.Module, inputs: tuple[torch.Tensor, ...], free: list[dict[int, str]],
+                    limits: Mapping[str, int | None]) -> tuple[Any, ...] | None:
+    """The free dimensions of every input as ``torch.export.Dim`` symbols (one per name, shared by the inputs
+    that have it, bounded by ``limits``), laid out as forward()'s parameters take the inputs: a
+    ``forward(self, *inputs)`` (the ``outputs=`` wrapper's) takes them all as one argument. None: all fixed."""
+    if not any(free):
         return None
-    batch = torch.export.Dim("batch")  # one symbol shared by every input: they have the same batch
-    shapes: list[Any] = [{0: batch} for _ in inputs]
+    symbols: dict[str, Any] = {}
+    for spec in free:
+        for name in spec.values():
+            if name not in symbols:
+                limit = limits.get(name)
+                symbols[name] = torch.export.Dim(name, max=limit) if limit else torch.export.Dim(name)
+    shapes: list[Any] = [{dim: symbols[name] for dim, name in spec.items()} or None for spec in free]
     try:
         parameters = list(inspect.signature(model.forward).parameters.values())
     except (TypeError, ValueError):
@@ -403,12 +531,12 @@ def _dynamic_shapes(model: nn.Module, inputs: tuple[torch.Tensor, ...], dynamic:
 
 
 def _write_torch_export(
-    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, dynamic: bool, names: list[str], outputs: list[str]
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, shapes: Any, names: list[str], outputs: list[str]
 ) -> str:
     try:
-        program = torch.export.export(model, inputs, dynamic_shapes=_dynamic_shapes(model, inputs, dynamic))
+        program = torch.export.export(model, inputs, dynamic_shapes=shapes)
     except Exception as exc:
-        raise _explain(exc, "torch.export", dynamic) from exc
+        raise _explain(exc, "torch.export") from exc
     # torch.export.save pickles tensor subclasses and custom objects, and load_exported refuses pickles (a .pt2
     # from elsewhere could hold any code there), so such an artifact could never be loaded: say so now.
     pickled = [
@@ -441,7 +569,7 @@ def _write_torch_export(
 
 
 def _write_torchscript(
-    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, dynamic: bool, names: list[str], outputs: list[str]
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, shapes: Any, names: list[str], outputs: list[str]
 ) -> str:
     method = "script"
     with _quiet_jit():
@@ -476,46 +604,55 @@ def _write_torchscript(
     return method
 
 
+# Loggers that speak on a successful ONNX export: torch's registration (a warning per missing torchvision op)
+# and onnxscript's constant folding ("Evaluation failed: cannot reshape array ...", for a node it leaves as it is).
+_ONNX_LOGGERS = ("torch.onnx._internal.exporter._registration", "onnxscript.optimizer._constant_folding")
+
+
 @contextlib.contextmanager
 def _quiet_onnx_logs() -> Iterator[None]:
-    """torch's ONNX exporter logs a warning per missing torchvision op on every export; silence that logger."""
-    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    """Silence what the ONNX exporter says on a success (a failure is raised, and explained in one sentence)."""
+    loggers = [logging.getLogger(name) for name in _ONNX_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _write_onnx(
-    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, dynamic: bool, names: list[str], outputs: list[str]
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, shapes: Any, names: list[str], outputs: list[str]
 ) -> str:
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     try:
         with _quiet_onnx_logs(), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torch-internal deprecations, nothing to act on
             warnings.simplefilter("ignore", FutureWarning)
+            # free dimensions that share a name are one axis: torch says it renames none of them
+            warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used", category=UserWarning)
             torch.onnx.export(
                 model,
                 inputs,
                 str(path),
                 input_names=names,
                 output_names=outputs,
-                dynamic_shapes=_dynamic_shapes(model, inputs, dynamic),
+                dynamic_shapes=shapes,
                 dynamo=True,
                 external_data=weights > _ONNX_WEIGHTS_INLINE_LIMIT,  # one self-contained file when it fits
                 verbose=False,
             )
     except Exception as exc:
-        raise _explain(exc, "onnx", dynamic) from exc
+        raise _explain(exc, "onnx") from exc
     import onnx
 
     onnx.checker.check_model(str(path))
     return "dynamo"
 
 
-def _explain(exc: BaseException, format: str, dynamic: bool) -> TrainwiseError:
+def _explain(exc: BaseException, format: str) -> TrainwiseError:
     """One sentence for an export failure: the construct that failed, where, and the format that would work."""
     chain, seen = [], exc
     while seen is not None and len(chain) < _FIRST_CAUSES:
@@ -530,9 +667,9 @@ def _explain(exc: BaseException, format: str, dynamic: bool) -> TrainwiseError:
         )
     if "specialized it to be a constant" in text or "specialized to be a constant" in text:
         return TrainwiseError(
-            f"the model fixes the batch dimension to a constant{where} (a view or reshape with a literal batch "
-            "size, for example), so it cannot have a dynamic batch; use -1 or x.shape[0] there, or pass "
-            "dynamic_batch=False."
+            f"the model fixes a dimension that was to stay free to a constant{where} (a view or reshape with a "
+            "literal batch size or length, for example); use -1 or x.shape[...] there, or fix that dimension: "
+            "dynamic_batch=False for the batch, dims={name: {1: None}} for a sequence."
         )
     other = "torchscript" if format != "torchscript" else "torch.export"
     return TrainwiseError(
