@@ -30,7 +30,12 @@ def test_the_top_level_is_small_and_every_name_is_where_its_list_says():
 
     names = trainwise.__all__
     assert len(names) <= 50 and len(set(names)) == len(names)
-    for name in names[1:]:  # each resolves to the object of the module its TYPE_CHECKING import names
+    assert type(names) is list and set(names) == {"__version__", *trainwise._exports()}  # the literal list
+    from pathlib import Path
+
+    assert (Path(trainwise.__file__).parent / "py.typed").is_file()  # PEP 561: type checkers read the hints
+    # each resolves to the object of the module its TYPE_CHECKING import names
+    for name in (n for n in names if n != "__version__"):
         assert getattr(trainwise, name) is getattr(importlib.import_module(trainwise._exports()[name]), name)
     assert sorted(dir(trainwise)) == sorted(names)
 

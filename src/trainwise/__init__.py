@@ -5,7 +5,6 @@ level holds what a first week needs; the rest lives in its namespace (``trainwis
 ``trainwise.distributed``, ``trainwise.exporting``, ``trainwise.guards``, ...), each loaded on first use.
 """
 
-# ruff: noqa: F401  (the imports below are the top level's list, re-exported lazily: __all__ is built from them)
 from __future__ import annotations
 
 import importlib
@@ -40,6 +39,55 @@ if TYPE_CHECKING:  # the one list of the top level: type checkers read it, and _
     from trainwise.step import TrainStep
     from trainwise.trainer import Trainer
     from trainwise.wrappers import unwrap_model, unwrap_optimizer
+
+# The top level's names, as a literal list (tests/test_smoke.py holds it to the imports above).
+__all__ = [
+    "Accuracy",
+    "Callback",
+    "CheckpointManager",
+    "FitResult",
+    "GradientAccumulator",
+    "Guard",
+    "Mean",
+    "MetricSet",
+    "MicroBatch",
+    "NonFiniteLossError",
+    "Preempted",
+    "TrainStep",
+    "Trainer",
+    "TrainerConfig",
+    "TrainingState",
+    "TrainwiseError",
+    "__version__",
+    "accumulation_steps",
+    "build_optimizer",
+    "data_kind",
+    "evaluate",
+    "evaluating",
+    "evaluation_loader",
+    "export",
+    "forward_micro_batch",
+    "freeze",
+    "global_metric_values",
+    "guard",
+    "load_checkpoint",
+    "load_exported",
+    "load_weights",
+    "mark_last",
+    "move_to_device",
+    "param_groups",
+    "read_log",
+    "resolve_device",
+    "resolve_precision",
+    "save_checkpoint",
+    "save_weights",
+    "seed_everything",
+    "set_sampler_epoch",
+    "training_loader",
+    "unfreeze",
+    "unwrap_model",
+    "unwrap_optimizer",
+]
 
 # Names that were at the top level before it was made small: still found there, with a DeprecationWarning
 # naming their namespace (name -> the public module to import them from).
@@ -125,8 +173,6 @@ def _exports() -> dict[str, str]:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__all__":
-        return ["__version__", *sorted(_exports())]
     module = _exports().get(name)
     if module is not None:
         value = getattr(importlib.import_module(module), name)
