@@ -443,8 +443,9 @@ def accumulation(arch: Architecture) -> Outcome:
         return Outcome("pass", count)
     if arch.kind == "moe" and count == "samples":  # the router term is no token mean: counted by sample, said why
         return Outcome("refused", f"count='samples': {reason} (accumulated step differs by {difference:.1e})")
-    return Outcome("fail", f"count={count!r} ({reason}): the accumulated step differs from the full batch's by "
-                           f"{difference:.2e} relative")
+    router = " though the loss adds a router term" if arch.kind == "moe" else ""
+    return Outcome("fail", f"auto chose count={count!r}{router} ({reason}); the accumulated step differs from the "
+                           f"full batch's by {difference:.2e} relative")
 
 
 def val_loss(arch: Architecture) -> Outcome:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import inspect
 import math
 import os
 import re
@@ -119,19 +118,6 @@ class TrainerConfig:
     @classmethod
     def option_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
-
-    @classmethod
-    def signature(cls, function: Any) -> inspect.Signature:
-        """``function``'s signature (``Trainer.__init__``, which takes the options as ``**options``) with every
-        option in it, keyword-only with its default and type, before its own keyword-only objects: what help()
-        and editors show, declared here once."""
-        own = inspect.signature(function).parameters.values()
-        defaults = cls()
-        options = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, f.name),
-                                     annotation=f.type) for f in dataclasses.fields(cls) if f.name != "loggers"]
-        positional = [p for p in own if p.kind is p.POSITIONAL_OR_KEYWORD]
-        objects = [p for p in own if p.kind is p.KEYWORD_ONLY]
-        return inspect.Signature([*positional, *options, *objects], return_annotation=None)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -11,10 +11,12 @@ end, :mod:`trainwise.run`; the options, :class:`TrainerConfig`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import os
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 
@@ -35,6 +37,8 @@ from trainwise.run import Fit, start_run
 from trainwise.seeding import determinism_restored
 from trainwise.tracking import split_loggers
 
+_OPTIONS = frozenset(f.name for f in dataclasses.fields(TrainerConfig)) - {"loggers"}
+
 
 class Trainer:
     """A small training loop with the fundamentals right by default.
@@ -42,27 +46,75 @@ class Trainer:
     >>> result = Trainer(epochs=5, lr=1e-3, batch_size=64, seed=0).fit(MyModel, train_set, val_set)
     >>> result.last["val_accuracy"], result.model
 
-    The plain-valued options are those of :class:`TrainerConfig` (declared there, once; ``help(Trainer)`` lists
-    them with their defaults). ``fit`` takes the model or, for initial weights set by ``seed``, a function
-    that builds it (called after seeding). ``optimizer`` is an optimizer or a factory called with the trainable
-    parameters (default: AdamW with ``lr`` and ``weight_decay``); ``scheduler`` one or a factory called with the
-    optimizer, stepped once per optimizer step (``ReduceLROnPlateau`` once per epoch on the validation loss);
-    ``loss_fn(outputs, targets)`` defaults to the model's own loss or cross-entropy; ``split_batch(batch)``
-    returns ``(inputs, targets)``; ``collate_fn`` batches samples as a DataLoader's does. ``loggers`` adds
-    trackers beside ``metrics.jsonl`` (docs/tracking.md); ``callbacks`` are objects with any of the events of
-    :class:`trainwise.Callback` (docs/callbacks.md). Ctrl-C finishes the current optimizer step, saves a
-    checkpoint and raises ``KeyboardInterrupt`` (``.result`` holds the :class:`FitResult`); a second one stops
-    at once. A preemption signal (``preempt_signals``, default SIGTERM) does the same and raises
+    The plain-valued options are those of :class:`TrainerConfig` (validated there; ``help(Trainer)`` and type
+    checkers list them with their types and defaults). ``fit`` takes the model or, for initial weights set by
+    ``seed``, a function that builds it (called after seeding). ``optimizer`` is an optimizer or a factory called
+    with the trainable parameters (default: AdamW with ``lr`` and ``weight_decay``); ``scheduler`` one or a factory
+    called with the optimizer, stepped once per optimizer step (``ReduceLROnPlateau`` once per epoch on the
+    validation loss); ``loss_fn(outputs, targets)`` defaults to the model's own loss or cross-entropy;
+    ``split_batch(batch)`` returns ``(inputs, targets)``; ``collate_fn`` batches samples as a DataLoader's does.
+    ``loggers`` adds trackers beside ``metrics.jsonl`` (docs/tracking.md); ``callbacks`` are objects with any of the
+    events of :class:`trainwise.Callback` (docs/callbacks.md). Ctrl-C finishes the current optimizer step, saves a
+    checkpoint and raises ``KeyboardInterrupt`` (``.result`` holds the :class:`FitResult`); a second one stops at
+    once. A preemption signal (``preempt_signals``, default SIGTERM) does the same and raises
     :class:`trainwise.Preempted` (exit code 143 when uncaught); under torchrun the processes agree on the step.
     """
 
-    def __init__(self, *, optimizer: Any = None, scheduler: Any = None,
+    # The options are TrainerConfig's fields, spelled out so that help(), editors and type checkers see them;
+    # tests/trainer/test_trainer_options.py holds names, order, types and defaults to the dataclass.
+    def __init__(self, *,
+                 epochs: int = 10,
+                 lr: float = 0.001,
+                 weight_decay: float = 0.01,
+                 batch_size: int | Literal['auto'] = 32,
+                 effective_batch: int | None = None,
+                 accumulation_steps: int | None = None,
+                 eval_batch_size: int | None = None,
+                 drop_last: bool = False,
+                 max_grad_norm: float | None = None,
+                 device: str = 'auto',
+                 precision: Literal['auto', 'bf16', 'fp16', 'fp32'] = 'auto',
+                 seed: int = 0,
+                 deterministic: bool = False,
+                 num_workers: int = 0,
+                 compile: bool = False,
+                 run_dir: str | os.PathLike[str] | None = None,
+                 log_every: int = 50,
+                 progress: Literal['auto', 'bar', 'lines', 'off'] = 'auto',
+                 nonfinite: Literal['stop', 'skip'] = 'stop',
+                 accuracy: Literal['auto', 'on', 'off'] = 'auto',
+                 loss_reduction: Literal['mean', 'sum'] = 'mean',
+                 count: Literal['auto', 'samples', 'tokens'] = 'auto',
+                 ignore_index: int = -100,
+                 lr_by_pattern: Mapping[str, float] | None = None,
+                 unfreeze_at: Mapping[int, Sequence[str]] | None = None,
+                 patience: int | None = None,
+                 monitor: str = 'val_loss',
+                 mode: Literal['auto', 'min', 'max'] = 'auto',
+                 min_delta: float = 0.0,
+                 keep_best: Literal['memory', 'disk'] = 'memory',
+                 diagnose: bool = True,
+                 guards: Literal['warn', 'raise', 'off'] = 'warn',
+                 train_norm_stats: bool = False,
+                 plot: bool = True,
+                 plot_format: Literal['svg', 'png'] = 'svg',
+                 resume: str | None = None,
+                 resume_mismatch: Literal['refuse', 'allow'] = 'refuse',
+                 overwrite: bool = False,
+                 checkpoint_every: int | None = None,
+                 keep_last: int = 2,
+                 checkpoints: bool = True,
+                 distributed: Literal['auto', 'ddp', 'fsdp', 'off'] = 'auto',
+                 dist_timeout: float = 300.0,
+                 preempt_signals: Sequence[str] = ('SIGTERM',),
+                 optimizer: Any = None, scheduler: Any = None,
                  loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
                  split_batch: Callable[[Any], tuple[Any, Any]] | None = None,
                  collate_fn: Callable[[list[Any]], Any] | None = None, loggers: Iterable[Any] = ("jsonl",),
-                 callbacks: Iterable[Any] = (), **options: Any) -> None:
-        unknown_option(options, error=UnknownOptionError)  # a TypeError, as Python's own
-        if options.get("run_dir") is not None:
+                 callbacks: Iterable[Any] = (), **unknown: Any) -> None:
+        options = {name: value for name, value in locals().items() if name in _OPTIONS}
+        unknown_option(unknown, error=UnknownOptionError)  # a TypeError naming the closest option
+        if options["run_dir"] is not None:
             options["run_dir"] = str(options["run_dir"])
         loggers = [loggers] if isinstance(loggers, (str, bytes)) or not isinstance(loggers, Iterable) else loggers
         self.logger_objects = split_loggers([item for item in loggers if not isinstance(item, str)])[1]
@@ -257,5 +309,3 @@ class Trainer:
         )
 
 
-
-Trainer.__init__.__signature__ = TrainerConfig.signature(Trainer.__init__)  # type: ignore[attr-defined]
