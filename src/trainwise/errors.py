@@ -102,3 +102,25 @@ def _safe_repr(value: Any) -> str:
 def show(value: Any, limit: int = 200) -> str:
     """``repr(value)`` for a message: safe to print (see :func:`printable`), short, and never failing."""
     return printable(_safe_repr(value), limit)
+
+_VOWEL_SOUND_LETTERS = "AEFHILMNORSX"  # the letters whose names start with a vowel sound: an MLP, an LSTM, a CNN
+
+
+def with_article(word: str) -> str:
+    """``word`` after its indefinite article, chosen by sound: an ImageClassifierOutput, a SequenceClassifierOutput,
+    an int, a dict, an MLP, a USBDevice, a UnionType (the one helper every message uses)."""
+    if word[:2].isupper() and word[:2].isalpha():  # an acronym is spelled out letter by letter
+        return f"{'an' if word[0] in _VOWEL_SOUND_LETTERS else 'a'} {word}"
+    lower = word.lower()
+    if lower.startswith(("uni", "use", "usu", "uti", "eu", "one")):
+        return f"a {word}"
+    if lower.startswith(("hour", "honest", "honor", "heir")):
+        return f"an {word}"
+    return f"{'an' if lower[:1] in tuple('aeiou') else 'a'} {word}"
+
+
+def first_line(exc: BaseException | None, limit: int = 300) -> str:
+    """The first non-empty line of an exception's message, without its final period, at most ``limit``
+    characters (its type's name when it has no message): how a message quotes an error it caught."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] if exc is not None else []
+    return (lines[0] if lines else type(exc).__name__).rstrip(".")[:limit]

@@ -688,7 +688,7 @@ def test_outputs_mistakes_are_one_sentence(tmp_path, model, outputs, match):
     ],
 )
 def test_the_article_follows_the_sound_of_the_word(word, expected):
-    from trainwise.exporting.common import _a
+    from trainwise.errors import with_article as _a
 
     assert _a(word) == expected
 
@@ -735,3 +735,10 @@ def test_an_operator_of_another_library_is_refused_at_export_with_what_works(tmp
     assert list(tmp_path.iterdir()) == []
     report = trainwise.export(Doubled(), torch.randn(2, 3), tmp_path / "d.torchscript", "torchscript")
     assert report.verified and report.method == "script"  # what the sentence advises does work
+
+
+def test_first_line_quotes_an_error_in_one_line_at_its_limit():
+    from trainwise.errors import first_line
+
+    assert first_line(ValueError("\n  bad shape.\nmore detail")) == "bad shape"
+    assert first_line(ValueError("")) == "ValueError" and len(first_line(ValueError("x" * 999), 200)) == 200

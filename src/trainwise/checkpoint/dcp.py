@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from trainwise.errors import TrainwiseError
+from trainwise.errors import TrainwiseError, first_line, with_article
 
 METADATA_FILE = ".metadata"
 SHARDED_NAME = re.compile(r"sharded-step\d+")
@@ -240,11 +240,7 @@ def _describe(obj: Any) -> str:
     if isinstance(obj, type) or callable(obj):
         name = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
         return _printable(name)
-    return _a(type(obj).__name__)
-
-
-def _a(name: str) -> str:
-    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+    return with_article(type(obj).__name__)
 
 
 def _is_int(value: Any) -> bool:
@@ -257,7 +253,7 @@ def _is_int(value: Any) -> bool:
 def _fields(obj: Any, cls: type) -> dict[str, Any]:
     """The dataclass fields of an object the unpickler built (defaults for fields the file left out)."""
     if type(obj) is not cls:
-        raise _Invalid(f"{_a(type(obj).__name__)} where DCP writes {_a(cls.__name__)}")
+        raise _Invalid(f"{with_article(type(obj).__name__)} where DCP writes {with_article(cls.__name__)}")
     values = {}
     for field in dataclasses.fields(cls):
         if field.name in obj.__dict__:
@@ -553,12 +549,12 @@ def _reading(folder: str | os.PathLike[str], load: Callable[[], Any]) -> None:
                 raise TrainwiseError(str(inner)) from None
         inner = failures[0] if failures else exc
         raise TrainwiseError(
-            f"the sharded checkpoint {folder} could not be loaded ({type(inner).__name__}: {_first_line(inner)}); "
+            f"the sharded checkpoint {folder} could not be loaded ({type(inner).__name__}: {_reason(inner)}); "
             "check that it was saved from this model and optimizer."
         ) from None
     except Exception as exc:
         raise TrainwiseError(
-            f"the sharded checkpoint {folder} could not be loaded ({type(exc).__name__}: {_first_line(exc)}); "
+            f"the sharded checkpoint {folder} could not be loaded ({type(exc).__name__}: {_reason(exc)}); "
             "check that it was saved from this model and optimizer."
         ) from None
 
@@ -591,9 +587,9 @@ def sharded_folder(checkpoint: str | os.PathLike[str], name: Any, *, fsdp: bool)
     return folder
 
 
-def _first_line(exc: BaseException | None) -> str:
-    text = str(exc).strip().splitlines() if exc is not None else []
-    return text[0][:200].rstrip(".").replace(". ", "; ") if text else type(exc).__name__
+def _reason(exc: BaseException | None) -> str:
+    """An error's first line as a clause of one sentence: its own sentences joined with semicolons."""
+    return first_line(exc, 200).replace(". ", "; ")
 
 
 __all__ = [

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainwise.errors import TrainwiseError, show
+from trainwise.errors import TrainwiseError, show, with_article
 
 FORMATS = ("torch.export", "torchscript", "onnx")
 DEMO_FACTORY = "trainwise.demo:make_model"
@@ -269,9 +269,8 @@ def _build_model(spec: str, kwargs: dict[str, Any]) -> Any:
             with contextlib.suppress(ValueError):
                 sys.path.remove(cwd)
     if not isinstance(model, torch.nn.Module):
-        from trainwise.exporting.common import _a
-
-        raise TrainwiseError(f"--model {spec} returned {_a(type(model).__name__)}; it must return a torch.nn.Module.")
+        raise TrainwiseError(
+            f"--model {spec} returned {with_article(type(model).__name__)}; it must return a torch.nn.Module.")
     return model
 
 
@@ -362,7 +361,6 @@ def _export_first(exc: Any, source: Path, format: str | None) -> str:
     import shlex
 
     from trainwise.errors import printable
-    from trainwise.exporting.common import _a
 
     checkpoint: Path = exc.path
     spec, kwargs = _model_of(checkpoint, exc.shapes)
@@ -384,7 +382,7 @@ def _export_first(exc: Any, source: Path, format: str | None) -> str:
     predict = ["trainwise", "predict", str(output), str(source)]
     guess = "" if spec else " (with the factory that builds your model)"
     return printable(
-        f"{checkpoint} is {_a(exc.kind)}, not an exported model; make an artifact from it with "
+        f"{checkpoint} is {with_article(exc.kind)}, not an exported model; make an artifact from it with "
         f"`{shlex.join(command)}`{guess}, then run `{shlex.join(predict)}`.",
         2000,
     )

@@ -40,7 +40,7 @@ import torch
 
 from trainwise.data.samplers import PaddingBatch, padding_forward, padding_outputs, zero_rows
 from trainwise.device import move_to_device
-from trainwise.errors import TrainwiseError
+from trainwise.errors import TrainwiseError, with_article
 from trainwise.wrappers import unwrap_model
 
 TARGET_KEYS = ("labels", "label", "target", "targets", "y")  # the first present is the target
@@ -262,8 +262,8 @@ def micro_batch_of(model: Any, inputs: Any, outputs: Any, targets: Any, items: A
         logits = outputs  # a loss_fn of the user's own reads whatever the model returned
     elif logits is None and own_loss is None:
         raise TrainwiseError(
-            f"the model returned {_a(type(outputs).__name__)} with neither a loss nor logits; return a tensor "
-            "of logits or a dict or object with 'loss' and 'logits', or pass loss_fn=... that reads it."
+            f"the model returned {with_article(type(outputs).__name__)} with neither a loss nor logits; return a "
+            "tensor of logits or a dict or object with 'loss' and 'logits', or pass loss_fn=... that reads it."
         )
     if samples is not None:  # count="auto", the model's first batch of token labels: tokens, or samples?
         found = _auto_count(model, own_loss, logits, targets, ignore_index)
@@ -483,11 +483,6 @@ def _warn_if_unshifted_language_model(module: Any, inputs: Any, logits: Any, tar
         )
 
 
-def _a(word: str) -> str:
-    """``word`` with its indefinite article."""
-    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
-
-
 def default_loss(logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: int = -100) -> torch.Tensor:
     """Cross-entropy, with classes last for (batch, tokens, classes) logits against (batch, tokens) targets
     (language models), and in dimension 1 otherwise (torch's convention, e.g. segmentation)."""
@@ -530,7 +525,7 @@ def count_items(
     if dataclasses.is_dataclass(targets) and not isinstance(targets, type):
         return count_items([getattr(targets, f.name) for f in dataclasses.fields(targets)])
     raise TrainwiseError(
-        f"cannot count the samples in {_a(type(targets).__name__)}; give the batch a tensor target, or for a "
+        f"cannot count the samples in {with_article(type(targets).__name__)}; give the batch a tensor target, or for a "
         "loss without a target, split_batch=lambda batch: (batch, None) (samples are then counted from the "
         "inputs)."
     )

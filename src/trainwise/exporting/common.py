@@ -22,29 +22,8 @@ class ExportWarning(UserWarning):
     """An export that works but may not mean what the user expects (TorchScript fell back to tracing)."""
 
 
-_VOWEL_SOUND_LETTERS = "AEFHILMNORSX"  # the letters whose names start with a vowel sound: an MLP, an LSTM, a CNN
-
-
-def _a(word: str) -> str:
-    """``word`` after its indefinite article, chosen by sound: an ImageClassifierOutput, a SequenceClassifierOutput,
-    an int, a dict, an MLP, a USBDevice, a UnionType."""
-    if word[:2].isupper() and word[:2].isalpha():  # an acronym is spelled out letter by letter
-        return f"{'an' if word[0] in _VOWEL_SOUND_LETTERS else 'a'} {word}"
-    lower = word.lower()
-    if lower.startswith(("uni", "use", "usu", "uti", "eu", "one")):
-        return f"a {word}"
-    if lower.startswith(("hour", "honest", "honor", "heir")):
-        return f"an {word}"
-    return f"{'an' if lower[:1] in tuple('aeiou') else 'a'} {word}"
-
-
 def _shape_text(shape: Sequence[int | str]) -> str:
     return "(" + ", ".join(map(str, shape)) + ")"
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return (lines[0] if lines else type(exc).__name__).rstrip(".")[:300]
 
 
 @contextlib.contextmanager

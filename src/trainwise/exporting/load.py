@@ -19,13 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainwise.errors import TrainwiseError
+from trainwise.errors import TrainwiseError, first_line, with_article
 from trainwise.exporting.common import (
     FORMATS,
     ONNX_INSTALL,
     Format,
-    _a,
-    _first_line,
     _quiet_jit,
     _require,
     _shape_text,
@@ -211,7 +209,7 @@ def _refuse_checkpoint(artifact: Path) -> None:
         if isinstance(value, torch.Tensor)
     }
     raise NotAnArtifactError(
-        f"{artifact} is {_a(what)}, not an exported model; make an artifact from it with trainwise export "
+        f"{artifact} is {with_article(what)}, not an exported model; make an artifact from it with trainwise export "
         f"{artifact} --model package.module:factory --example-shape N,... (or trainwise.export in Python).",
         path=artifact,
         kind=what,
@@ -229,7 +227,7 @@ def _no_grad(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def _unreadable(artifact: Path, kind: str, exc: BaseException) -> TrainwiseError:
     """One sentence for an artifact that its runtime cannot read (empty, truncated, not that format at all)."""
-    reason = _first_line(exc).split(". ")[0][:160]  # runtimes append advice in further sentences
+    reason = first_line(exc).split(". ")[0][:160]  # runtimes append advice in further sentences
     return TrainwiseError(
         f"{artifact} is not a readable {kind} file ({type(exc).__name__}: {reason}); export the model again with "
         "trainwise export (or check that the file was copied completely)."

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from trainwise.errors import TrainwiseError
-from trainwise.exporting.common import FORMATS, _first_line
+from trainwise.errors import TrainwiseError, first_line
+from trainwise.exporting.common import FORMATS
 
 SIDECAR_VERSION = 1
 _SIDECAR_LIMIT = 1 << 20  # bytes: export writes a few KiB
@@ -34,7 +34,7 @@ def _read_sidecar(artifact: Path) -> dict[str, Any]:
         data = json.loads(sidecar.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
         raise TrainwiseError(
-            f"sidecar {sidecar} is unreadable ({type(exc).__name__}: {_first_line(exc)}); delete it or export again."
+            f"sidecar {sidecar} is unreadable ({type(exc).__name__}: {first_line(exc)}); delete it or export again."
         ) from None
     problem = _sidecar_problem(data)
     if problem:

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from trainwise.errors import TrainwiseError
-from trainwise.exporting.common import ONNX_INSTALL, ExportWarning, _first_line, _installed, _shape_text
+from trainwise.errors import TrainwiseError, first_line
+from trainwise.exporting.common import ONNX_INSTALL, ExportWarning, _installed, _shape_text
 from trainwise.exporting.load import _load
 from trainwise.exporting.sidecar import _sidecar_path
 
@@ -132,7 +132,7 @@ def _verify(
             actual = loaded.run_tuple(*inputs)
         except Exception as exc:
             raise ExportParityError(
-                f"the {format} artifact fails{at} with {type(exc).__name__}: {_first_line(exc)}, so the export "
+                f"the {format} artifact fails{at} with {type(exc).__name__}: {first_line(exc)}, so the export "
                 "froze a shape the eager model keeps free; fix that dimension (dynamic_batch=False, or dims= for "
                 "another) or use format='torch.export'.",
                 report=report,

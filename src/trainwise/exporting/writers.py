@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from trainwise._version import __version__
-from trainwise.errors import TrainwiseError
+from trainwise.errors import TrainwiseError, first_line, with_article
 from trainwise.evaluation import restore_training_modes, training_modes
-from trainwise.exporting.common import FORMATS, ExportWarning, Format, _a, _first_line, _quiet_jit, _require
+from trainwise.exporting.common import FORMATS, ExportWarning, Format, _quiet_jit, _require
 from trainwise.exporting.pt2_check import Refused, check_archive
 from trainwise.exporting.sidecar import SIDECAR_VERSION, _sidecar_path
 from trainwise.exporting.verify import ExportReport, _verify
@@ -243,11 +243,12 @@ def _field(output: Any, name: str) -> torch.Tensor:
     else:
         raise _OutputsError(
             f"outputs= selects fields of a ModelOutput, dict or dataclass, but the model returns "
-            f"{_a(type(output).__name__)}; drop outputs= and return a tensor or a tuple of tensors from forward()."
+            f"{with_article(type(output).__name__)}; drop outputs= and return a tensor or a tuple of tensors from "
+            "forward()."
         )
     if not isinstance(value, torch.Tensor):
         kind = type(output).__name__
-        what = "has no field" if value is None else f"has {_a(type(value).__name__)}, not a tensor, as"
+        what = "has no field" if value is None else f"has {with_article(type(value).__name__)}, not a tensor, as"
         fields = _tensor_fields(output)
         choice = f"one of {', '.join(map(repr, fields))}" if fields else "a field that holds a tensor"
         raise _OutputsError(f"the model's {kind} {what} {name!r}; pass outputs= {choice}.")
@@ -346,7 +347,7 @@ def _eager(
         described = ", ".join(f"{n}: {_tensor_text(t)}" for n, t in zip(names, inputs))
         dtype, device = _model_dtype(model), _model_device(model)
         held = f" (its parameters are {str(dtype).removeprefix('torch.')} on {device})" if dtype else ""
-        reason = _first_line(exc)
+        reason = first_line(exc)
         raise TrainwiseError(
             f"the model fails on the example inputs ({described}) with {type(exc).__name__}: {reason}; pass "
             f"example inputs of the shape, dtype and device that forward() expects{held}."
@@ -360,14 +361,14 @@ def _eager(
     if fields:
         several = " (or several names for a tuple of them)" if len(fields) > 1 else ""
         raise TrainwiseError(
-            f"the model returns {_a(kind)} with the tensor fields {', '.join(fields)}, but an exported model returns "
-            f"a tensor or a tuple of tensors; pass outputs={fields[0]!r} to export that field{several}."
+            f"the model returns {with_article(kind)} with the tensor fields {', '.join(fields)}, but an exported model "
+            f"returns a tensor or a tuple of tensors; pass outputs={fields[0]!r} to export that field{several}."
         )
     if isinstance(output, (tuple, list)):
         inner = sorted({type(item).__name__ for item in output if not isinstance(item, torch.Tensor)})
         kind = f"{kind} holding {', '.join(inner) or 'nothing'}"
     raise TrainwiseError(
-        f"the model returns {_a(kind)}, but an exported model returns a tensor or a tuple of tensors; make "
+        f"the model returns {with_article(kind)}, but an exported model returns a tensor or a tuple of tensors; make "
         "forward() return that (or wrap the model in a module whose forward() does)."
     )
 
@@ -579,7 +580,7 @@ def _write_torchscript(
             compiled = torch.jit.script(model)
         except Exception as exc:
             warnings.warn(
-                f"TorchScript scripting failed ({type(exc).__name__}: {_first_line(exc)}), so the model was "
+                f"TorchScript scripting failed ({type(exc).__name__}: {first_line(exc)}), so the model was "
                 "traced instead: tracing freezes data-dependent control flow (an if or loop on tensor values) "
                 "at the branch the example inputs took; use format='torch.export' if the model has any.",
                 ExportWarning,
@@ -590,13 +591,13 @@ def _write_torchscript(
                 compiled = torch.jit.trace(model, inputs)
             except Exception as trace_exc:
                 raise TrainwiseError(
-                    f"TorchScript can neither script ({_first_line(exc)}) nor trace ({_first_line(trace_exc)}) "
+                    f"TorchScript can neither script ({first_line(exc)}) nor trace ({first_line(trace_exc)}) "
                     "this model; use format='torch.export'."
                 ) from trace_exc
         try:
             torch.jit.save(compiled, str(path))
         except Exception as exc:  # e.g. a traced call of a Python function, which TorchScript cannot store
-            reason = _first_line(exc).split(". ")[0]
+            reason = first_line(exc).split(". ")[0]
             raise TrainwiseError(
                 f"TorchScript cannot save the {'scripted' if method == 'script' else 'traced'} model "
                 f"({type(exc).__name__}: {reason}); use format='torch.export'."
@@ -673,7 +674,7 @@ def _explain(exc: BaseException, format: str) -> TrainwiseError:
         )
     other = "torchscript" if format != "torchscript" else "torch.export"
     return TrainwiseError(
-        f"{format} export failed{where} with {type(chain[-1]).__name__}: {_first_line(chain[-1])}; try "
+        f"{format} export failed{where} with {type(chain[-1]).__name__}: {first_line(chain[-1])}; try "
         f"format={other!r}."
     )
 
