@@ -144,3 +144,53 @@ def test_what_a_killed_run_left_unpruned_is_pruned_before_the_next_save_is_writt
     manager.save({"x": torch.tensor(4)}, step=4)
     manager.save({"x": torch.tensor(5)}, step=5)
     assert seen == [[3], [4]] and steps(manager) == [5]
+
+
+def test_a_checkpoint_whose_name_claims_a_later_step_is_never_chosen_nor_pruned(tmp_path):
+    """``ckpt-step000000040.pt`` holding step 4 beside steps 12 and 16: chosen by content, it would win every
+    resume; it is damaged (renamed or copied over), so it is skipped with a warning and left where it is."""
+    import shutil
+    import warnings
+
+    manager = CheckpointManager(tmp_path, keep_last=2, run_id="run-a")
+    for step in (4, 12, 16):
+        manager.save({"weights": torch.full((2,), float(step))}, step=step)
+    old = tmp_path / "checkpoints" / checkpoint_name(12)
+    liar = tmp_path / "checkpoints" / checkpoint_name(40)
+    shutil.copyfile(old, liar)  # step 12's file under step 40's name
+    fresh = CheckpointManager(tmp_path, keep_last=2, run_id="run-a")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fresh.latest().name == checkpoint_name(16)
+        found = find_resume_checkpoint("auto", tmp_path)
+    assert found is not None and found.name == checkpoint_name(16)
+    assert any("holds step 12, not the step 40 its name says" in str(w.message) for w in caught)
+    fresh.save({"weights": torch.zeros(2)}, step=20)
+    fresh.save({"weights": torch.zeros(2)}, step=24)
+    assert liar.exists()  # never pruned: not a checkpoint this run can vouch for
+    assert steps(fresh) == [20, 24]
+
+
+def test_a_manifest_that_is_a_fifo_or_a_link_is_refused_without_hanging(tmp_path):
+    import signal
+
+    manager = CheckpointManager(tmp_path / "fifo", keep_last=2, monitor="loss")
+    manager.save({}, step=1, metric=1.0)
+    manifest = tmp_path / "fifo" / "checkpoints" / "manifest.json"
+    manifest.unlink()
+    os.mkfifo(manifest)
+    linked = CheckpointManager(tmp_path / "link", keep_last=2, monitor="loss")
+    linked.save({}, step=1, metric=1.0)
+    (tmp_path / "link" / "checkpoints" / "manifest.json").unlink()
+    (tmp_path / "link" / "checkpoints" / "manifest.json").symlink_to("/dev/zero")
+    previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("hung on the manifest")))
+    signal.alarm(20)
+    try:
+        for folder in ("fifo", "link"):
+            again = CheckpointManager(tmp_path / folder, keep_last=2, monitor="loss")
+            with pytest.raises(TrainwiseError, match="manifest"):
+                again.save({}, step=2, metric=0.5)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert manifest.is_fifo()  # left as it was: not this run's file

@@ -30,7 +30,7 @@ from trainwise.checkpoint.io import is_complete
 from trainwise.checkpoint.state import read_checkpoint, restore_checkpoint, write_checkpoint_temporary
 from trainwise.errors import TrainwiseError
 from trainwise.files import atomic_write_json, is_temp_file
-from trainwise.run_folder import RUN_ID_KEY
+from trainwise.run_folder import RUN_ID_KEY, open_regular
 
 CHECKPOINT_FOLDER = "checkpoints"
 MANIFEST = "manifest.json"
@@ -76,7 +76,9 @@ class CheckpointManager:
         self.run_dir = run_dir
         self.folder = run_dir / CHECKPOINT_FOLDER
         self.run_id = run_id  # a str, None (a folder from a trainwise before run ids) or ANY_RUN
-        self._owned: dict[str, tuple[int, int, bool]] = {}  # name -> (size, mtime_ns, this run's)
+        # name -> (size, mtime_ns, the run id and the step its meta records): read once per file version
+        self._recorded: dict[str, tuple[int, int, str | None, int | None]] = {}
+        self._misnamed: set[str] = set()  # files whose name claims another step than they hold (said once)
         self.pruned: set[str] = set()  # names this manager deleted (their sharded folders may go too)
         self.keep_last = keep_last
         self.monitor = monitor
@@ -99,9 +101,22 @@ class CheckpointManager:
         found = []
         for entry in self.folder.iterdir():
             match = _NAME.match(entry.name)
-            if match and self._is_complete(entry):
+            if match and self._is_complete(entry) and self._holds_its_step(entry, int(match.group(1))):
                 found.append((int(match.group(1)), entry))
         return [path for _, path in sorted(found)]
+
+    def _holds_its_step(self, entry: Path, step: int) -> bool:
+        """Whether the checkpoint holds the step its name says (or records none: another writer's format). One
+        that claims a later step than it holds would win every resume and never be pruned: it is damaged (a
+        rename, a copy over it), so it is never used and never deleted, and said once."""
+        recorded = self._facts(entry)[1]
+        if recorded is None or recorded == step:
+            return True
+        if entry.name not in self._misnamed:
+            self._misnamed.add(entry.name)
+            warnings.warn(f"{entry} holds step {recorded}, not the step {step} its name says: it was renamed or "
+                          "overwritten, so it is not used (move it away to silence this).", UserWarning, stacklevel=3)
+        return False
 
     def _is_complete(self, entry: Path) -> bool:
         """:func:`is_complete`, remembered for a file of the same size and modification time (a save lists
@@ -126,15 +141,23 @@ class CheckpointManager:
         if self.run_id is ANY_RUN:
             return True
         try:
-            info = path.lstat()
+            path.lstat()
         except OSError:
             return False
-        known = self._owned.get(path.name)
+        return self._facts(path)[0] == self.run_id
+
+    def _facts(self, path: Path) -> tuple[str | None, int | None]:
+        """The run id and the step a checkpoint's meta records, read once per size and modification time."""
+        try:
+            info = path.lstat()
+        except OSError:
+            return "unreadable", None
+        known = self._recorded.get(path.name)
         if known is not None and known[:2] == (info.st_size, info.st_mtime_ns):
-            return known[2]
-        owned = _recorded_run_id(path) == self.run_id
-        self._owned[path.name] = (info.st_size, info.st_mtime_ns, owned)
-        return owned
+            return known[2], known[3]
+        run_id, step = _recorded_facts(path)
+        self._recorded[path.name] = (info.st_size, info.st_mtime_ns, run_id, step)
+        return run_id, step
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint (highest step), or None."""
@@ -193,7 +216,8 @@ class CheckpointManager:
             pending.commit()
             written = pending.stat  # this run's file: no need to read its meta back to know it
             assert written is not None, "a commit that returned has the written file's stat"
-            self._owned[path.name] = (written.st_size, written.st_mtime_ns, True)
+            run_id = self.run_id if isinstance(self.run_id, str) else None
+            self._recorded[path.name] = (written.st_size, written.st_mtime_ns, run_id, step)
             found = self.checkpoints()  # listed once for the metrics and the pruning
             metrics = self._metrics({path.name: metric}, found)
             if self._is_complete(path):  # delete nothing unless the new checkpoint reads back
@@ -297,9 +321,12 @@ class CheckpointManager:
 
     def _metrics(self, known_now: Mapping[str, float | None] | None = None,
                  found: list[Path] | None = None) -> dict[str, float | None]:
-        manifest = self.folder / MANIFEST
         try:
-            data = json.loads(manifest.read_text())
+            text = _read_manifest(self.folder / MANIFEST)  # a link, FIFO or huge file there: refused
+        except OSError:
+            text = ""  # none yet (or unreadable): the files' own metas say the metrics
+        try:
+            data = json.loads(text)
             metrics = data["metrics"]
             if not isinstance(metrics, dict):
                 raise TypeError
@@ -331,18 +358,36 @@ class CheckpointManager:
                     entry.unlink()
 
 
-def _recorded_run_id(path: Path) -> str | None:
-    """The run id a checkpoint's meta records (None for none, or an unreadable file); memory-mapped, so that
-    the tensors are not read, and with ``weights_only=True``: nothing in the file runs."""
+def _recorded_facts(path: Path) -> tuple[str | None, int | None]:
+    """The run id and the step a checkpoint's meta records (None for none; ``"unreadable"`` for a file that cannot
+    be read); memory-mapped, so that the tensors are not read, and with ``weights_only=True``: nothing runs."""
     import torch
 
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         meta = checkpoint.get("meta") if isinstance(checkpoint, dict) else None
     except Exception:  # unreadable: not provably this run's, so never deleted
-        return "unreadable"
-    value = meta.get(RUN_ID_KEY) if isinstance(meta, dict) else None
-    return value if isinstance(value, str) else None
+        return "unreadable", None
+    if not isinstance(meta, dict):
+        return None, None
+    run_id, step = meta.get(RUN_ID_KEY), meta.get("step")
+    return (run_id if isinstance(run_id, str) else None,
+            step if isinstance(step, int) and not isinstance(step, bool) else None)
+
+
+_MANIFEST_BYTES = 1 << 20  # a manifest of thousands of checkpoints is a few hundred kB
+
+
+def _read_manifest(path: Path) -> str:
+    """The manifest's text, read as every run-folder entry is: a regular file only (a link, a FIFO or a
+    directory there is refused in one sentence), never more than it could hold (a link to /dev/zero)."""
+    fd = open_regular(path, os.O_RDONLY, "the checkpoint manifest")
+    with os.fdopen(fd, "rb") as file:
+        data = file.read(_MANIFEST_BYTES + 1)
+    if len(data) > _MANIFEST_BYTES:
+        raise TrainwiseError(f"{path} is over {_MANIFEST_BYTES:,} bytes, more than a checkpoint manifest holds; "
+                             "move it away (the checkpoints are listed from the folder).")
+    return data.decode("utf-8", errors="replace")
 
 
 def _alive(pid: int) -> bool:
