@@ -105,6 +105,16 @@ def _run_side(side: str, *, count: str) -> collections.Counter:
 
 
 def measure(sides: list[str]) -> dict[str, Any]:
+    import torch
+
+    threads = torch.get_num_threads()  # the counts run on one thread; the caller's count is put back after
+    try:
+        return _measure(sides)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(sides: list[str]) -> dict[str, Any]:
     steps = LAST - FIRST
     report: dict[str, Any] = {"steps_counted": steps, "sides": {}}
     for side in sides:

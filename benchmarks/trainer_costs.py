@@ -227,6 +227,7 @@ def measure(sides: list[str], rounds: int, epochs: int) -> dict[str, Any]:
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
+    threads = torch.get_num_threads()  # measured on one thread; the caller's count is put back at the end
     torch.set_num_threads(1)
     dataset = overhead._data("small", 0)
     batch_size = overhead.SIZES["small"][4]
@@ -266,6 +267,7 @@ def measure(sides: list[str], rounds: int, epochs: int) -> dict[str, Any]:
                 runs[side].append(whole)
     finally:
         handle.remove()
+        torch.set_num_threads(threads)
     report: dict[str, Any] = {"rounds": rounds, "epochs": epochs, "sides": {}, "losses": losses,
                               "same_result": len({round(v, 6) for v in losses.values()}) == 1}
     for side in sides:

@@ -48,13 +48,18 @@ def set_deterministic(enabled: bool) -> None:
 
 @contextlib.contextmanager
 def determinism_restored() -> Iterator[None]:
-    """Put torch's and cuDNN's determinism switches back as they were on exit (``deterministic=True`` in one
-    ``fit`` holds for that fit only)."""
+    """Put torch's and cuDNN's determinism switches (and ``CUBLAS_WORKSPACE_CONFIG``) back as they were on exit
+    (``deterministic=True`` in one ``fit`` holds for that fit only)."""
     algorithms = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     cudnn = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG")  # set_deterministic(True) sets it when it is unset
     try:
         yield
     finally:
+        if workspace is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        else:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = workspace
         # only when changed: torch.use_deterministic_algorithms imports torch._inductor (about a second)
         if (torch.are_deterministic_algorithms_enabled(),
                 torch.is_deterministic_algorithms_warn_only_enabled()) != algorithms:

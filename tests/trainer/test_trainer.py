@@ -2,6 +2,7 @@
 
 import gc
 import json
+import os
 import warnings
 import weakref
 
@@ -276,10 +277,12 @@ def test_empty_training_data(tmp_path):
         _trainer(tmp_path).fit(_mlp(), loader)
 
 
-def test_deterministic_fit_restores_the_global_switches(tmp_path):
+def test_deterministic_fit_restores_the_global_switches(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     before = torch.are_deterministic_algorithms_enabled()
     _trainer(tmp_path, epochs=1, deterministic=True).fit(_mlp(), _data())
     assert torch.are_deterministic_algorithms_enabled() == before
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ  # set for the fit (deterministic cuBLAS), not after it
     with pytest.raises(TrainwiseError):
         _trainer(tmp_path / "b", deterministic=True).fit(_mlp().requires_grad_(False), _data())
     assert torch.are_deterministic_algorithms_enabled() == before
