@@ -399,6 +399,7 @@ class _Builder:
         if cfg.checkpoints and main:
             fit.manager = CheckpointManager(fit.folder.run_dir, keep_last=cfg.keep_last, monitor=cfg.monitor,
                                             mode=mode, run_id=fit.folder.log.run_id)
+            fit.manager.claim(write=False)  # a copied run folder sharing the original's checkpoints/: refused
         if cfg.patience is not None:
             keep = cfg.keep_best if main else "memory"  # one writer of the best-weights file
             fit.state.early_stopping = EarlyStopping(

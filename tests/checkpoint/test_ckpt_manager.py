@@ -64,7 +64,7 @@ def test_never_deletes_the_only_good_checkpoint(tmp_path, monkeypatch):
         manager.save({"w": torch.ones(2)}, step=2)
     monkeypatch.undo()
     assert steps(manager) == [1]
-    assert sorted(os.listdir(manager.folder)) == ["ckpt-step000000001.pt", "manifest.json"]
+    assert sorted(os.listdir(manager.folder)) == ["ckpt-step000000001.pt", "manifest.json", "owner.json"]
     # a new checkpoint that does not read back as complete deletes nothing
     monkeypatch.setattr("trainwise.checkpoint.manager.is_complete", lambda path: False)
     manager.save({"w": torch.ones(2)}, step=3)

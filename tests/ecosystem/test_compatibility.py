@@ -26,13 +26,9 @@ def _load_benchmark(name: str):
 compatibility = _load_benchmark("compatibility")
 NAMES = [arch.name for arch in compatibility.ARCHITECTURES]
 
-# Cells that fail today because of a trainwise bug (not a test's): strict, so that the fix turns them red here
-# and the entry is removed. count="auto" falls back to the shift transformers declares (loss_type ForCausalLM)
-# when a loss matches neither alignment, so a loss with a router term is counted as a token mean.
-KNOWN_FAILURES = {
-    ("Mixtral (router loss)", "accumulation"): "count='auto' takes a router-loss model's loss for a token mean",
-    ("Qwen2-MoE (router loss)", "accumulation"): "count='auto' takes a router-loss model's loss for a token mean",
-}
+# Cells that fail because of a known trainwise bug (not a test's), marked strictly so that the fix turns them red
+# here and the entry is removed. None now (the router-loss models' accumulation was one: fixed in label_shift).
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}  # (architecture, promise) -> why, marked xfail(strict=True)
 
 
 def _holds(name: str, promise: str) -> None:
@@ -43,9 +39,13 @@ def _holds(name: str, promise: str) -> None:
 
 
 def _cases(promise: str, *marks: pytest.MarkDecorator) -> list:
-    return [pytest.param(name, id=name, marks=[*marks, *([pytest.mark.xfail(
-        reason=KNOWN_FAILURES[(name, promise)], strict=True)] if (name, promise) in KNOWN_FAILURES else [])])
-        for name in NAMES]
+    """One case per architecture, a known failure marked strictly so."""
+    cases = []
+    for name in NAMES:
+        known = KNOWN_FAILURES.get((name, promise))
+        xfail = [pytest.mark.xfail(reason=known, strict=True)] if known else []
+        cases.append(pytest.param(name, id=name, marks=[*marks, *xfail]))
+    return cases
 
 
 @pytest.mark.parametrize("name", _cases("accumulation"))

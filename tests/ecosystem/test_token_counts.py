@@ -174,3 +174,27 @@ def test_a_models_own_loss_that_is_no_token_mean_is_counted_by_sample_by_default
     model = _OwnLoss(shift=1, extra=0.5)  # a causal loss with something added: not a mean over tokens
     out = tw.forward_micro_batch(model, _stack(token_batches(4)))
     assert out.count == 4
+
+
+def test_a_router_loss_is_no_token_mean_whatever_the_model_declares():
+    """Mixtral with output_router_logits adds a router term to its causal loss: its declared loss type says
+    causal LM, but the loss matches no token mean, so count='tokens' is refused naming loss_fn= and the default
+    counts samples, saying why (before, the declared shift was taken: 7e-4 off the full batch)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(vocab_size=61, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2, max_position_embeddings=32,
+                                        output_router_logits=True, router_aux_loss_coef=0.02)
+    model = transformers.MixtralForCausalLM(config)
+    batch = _stack(token_batches(4))
+    with pytest.raises(tw.TrainwiseError, match=r"count='tokens'.*cannot know what it averages over; pass loss_fn="):
+        tw.forward_micro_batch(model, batch, count="tokens")
+    from trainwise.data.batches import _COUNT_CHOICE, _LABEL_SHIFT
+
+    _LABEL_SHIFT.pop(model, None), _COUNT_CHOICE.pop(model, None)
+    out = tw.forward_micro_batch(model, batch)
+    assert out.count == 4
+    from trainwise.data import count_choice
+
+    assert count_choice(model)[0] == "samples" and "not a mean cross-entropy" in count_choice(model)[1]

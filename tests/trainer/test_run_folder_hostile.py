@@ -201,8 +201,10 @@ def test_checkpoints_symlinked_to_another_runs_folder_are_neither_resumed_nor_pr
     (b / CHECKPOINTS).symlink_to(a / CHECKPOINTS)
     with pytest.raises(TrainwiseError) as caught:
         _fit(b, 5, keep_last=1, resume="auto")
-    assert str(caught.value).startswith(f"{b / CHECKPOINTS} holds {b / CHECKPOINTS / newest.name}, a checkpoint "
-                                        "of another run (run id ")
+    # refused before the resume reads anything: the folder's owner record names A, whose checkpoints/ it is
+    assert str(caught.value).startswith(f"{b / CHECKPOINTS} is the checkpoints folder of the run folder "
+                                        f"{os.path.realpath(a)} too")
+    assert newest.exists()
     assert "\n" not in str(caught.value)
     assert _hashes(a / CHECKPOINTS) == before
     assert not (b / "config.json").exists() and not (b / "metrics.jsonl").exists()  # compared first

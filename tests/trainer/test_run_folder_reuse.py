@@ -8,6 +8,7 @@ described the new run while metrics.jsonl mixed both.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -81,3 +82,32 @@ def test_the_demo_command_refuses_a_used_run_folder_without_a_traceback(tmp_path
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stderr
     assert "already holds a run" in out.stderr and "Traceback" not in out.stderr
+
+
+def _checkpoint_files(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name.startswith("ckpt-")}
+
+
+def test_a_copied_run_folder_never_writes_into_nor_prunes_the_originals_checkpoints(tmp_path):
+    """``runs/a/checkpoints -> bigdisk/a-ckpts`` (docs/checkpoints.md), ``cp -r a b``, resume b: b's
+    checkpoints/ is the same folder, so the resume is refused in one sentence and a's files stay as they are;
+    a run folder that was moved (not copied) takes its checkpoints along."""
+    big = tmp_path / "bigdisk" / "a-ckpts"
+    big.mkdir(parents=True)
+    a = tmp_path / "runs" / "a"
+    a.mkdir(parents=True)
+    (a / "checkpoints").symlink_to(big)
+    _fit(a, 3, checkpoint_every=2, keep_last=1)
+    before = _checkpoint_files(big)
+    assert before
+    b = tmp_path / "runs" / "b"
+    shutil.copytree(a, b, symlinks=True)  # what `cp -r a b` does with the link
+    with pytest.raises(TrainwiseError, match=r"checkpoints folder of the run folder .*a.* too .*checkpoints/ folder "
+                                             r"of its own"):
+        _fit(b, 5, checkpoint_every=2, keep_last=1, resume="auto")
+    assert _checkpoint_files(big) == before
+    c = tmp_path / "runs" / "c"
+    a.rename(c)  # moved, not copied: c continues the run in the same checkpoints
+    shutil.rmtree(b)
+    _fit(c, 5, checkpoint_every=2, keep_last=1, resume="auto")
+    assert max(_checkpoint_files(big)) > max(before)

@@ -34,6 +34,7 @@ from trainwise.run_folder import RUN_ID_KEY, open_regular
 
 CHECKPOINT_FOLDER = "checkpoints"
 MANIFEST = "manifest.json"
+OWNER = "owner.json"  # the run folder whose checkpoints these are (see CheckpointManager.claim)
 _NAME = re.compile(r"^ckpt-step(\d+)\.pt$")
 _TEMP = re.compile(r"^\.ckpt-step\d+\.pt\.tmp-(\d+)-[0-9a-f]+$")
 
@@ -169,6 +170,31 @@ class CheckpointManager:
         """The kept checkpoint with the best monitored metric (None without a metric)."""
         return self._best_of(self.checkpoints(), self._metrics())
 
+    # -- ownership -----------------------------------------------------------------------------------
+
+    def claim(self, *, write: bool = True) -> None:
+        """Make the checkpoints folder this run folder's (``owner.json`` inside it names the run folder), or refuse
+        in one sentence when another run folder that still exists points at the same folder (a run folder copied
+        with its ``checkpoints/`` link: resuming the copy would write into the original's checkpoints and prune
+        them). A run folder that was moved, or no longer points there, gives the folder up to this one when this
+        one first saves (``write=False``: only the check, as a run does before it resumes)."""
+        if not self.folder.is_dir():
+            return  # nothing to share yet: the first save creates the folder, and claims it
+        here = os.path.realpath(self.run_dir)
+        owner = _recorded_owner(self.folder / OWNER)
+        if owner is not None and owner != here:
+            theirs = Path(owner) / CHECKPOINT_FOLDER
+            with contextlib.suppress(OSError):
+                if theirs.is_dir() and os.path.samefile(theirs, self.folder):
+                    raise TrainwiseError(
+                        f"{self.folder} is the checkpoints folder of the run folder {owner} too (a copied run folder "
+                        f"whose checkpoints/ points where the original's does), so this run would overwrite and "
+                        "prune that run's checkpoints; give this run a checkpoints/ folder of its own (replace "
+                        f"{self.folder} by a new folder, or a link to another place)."
+                    )
+        if owner != here and write:
+            atomic_write_json(self.folder / OWNER, {"run_dir": here})
+
     # -- saving --------------------------------------------------------------------------------------
 
     def save(
@@ -198,6 +224,7 @@ class CheckpointManager:
         self.wait()
         self.folder.mkdir(parents=True, exist_ok=True)
         if not self._tidied:  # a run killed between a save and its pruning; later saves prune after themselves
+            self.claim()  # before anything is pruned: never another run folder's checkpoints
             self._tidied = True
             if len(self.checkpoints()) > self.keep_last + 1:
                 self._prune(self._metrics())
@@ -378,15 +405,30 @@ def _recorded_facts(path: Path) -> tuple[str | None, int | None]:
 _MANIFEST_BYTES = 1 << 20  # a manifest of thousands of checkpoints is a few hundred kB
 
 
-def _read_manifest(path: Path) -> str:
-    """The manifest's text, read as every run-folder entry is: a regular file only (a link, a FIFO or a
-    directory there is refused in one sentence), never more than it could hold (a link to /dev/zero)."""
-    fd = open_regular(path, os.O_RDONLY, "the checkpoint manifest")
+def _recorded_owner(path: Path) -> str | None:
+    """The run folder ``owner.json`` names (None when there is none, or it says nothing usable); a link, FIFO
+    or huge file there is refused in one sentence, as for the manifest."""
+    try:
+        data = json.loads(_read_manifest(path, "the checkpoints folder's owner record"))
+    except OSError:
+        return None
+    except ValueError as exc:
+        if isinstance(exc, TrainwiseError):
+            raise
+        return None
+    owner = data.get("run_dir") if isinstance(data, dict) else None
+    return owner if isinstance(owner, str) and owner else None
+
+
+def _read_manifest(path: Path, what: str = "the checkpoint manifest") -> str:
+    """The text of a small JSON file of the checkpoints folder, read as every run-folder entry is: a regular file
+    only (a link, a FIFO or a directory there is refused in one sentence), never more than it could hold (a link
+    to /dev/zero)."""
+    fd = open_regular(path, os.O_RDONLY, what)
     with os.fdopen(fd, "rb") as file:
         data = file.read(_MANIFEST_BYTES + 1)
     if len(data) > _MANIFEST_BYTES:
-        raise TrainwiseError(f"{path} is over {_MANIFEST_BYTES:,} bytes, more than a checkpoint manifest holds; "
-                             "move it away (the checkpoints are listed from the folder).")
+        raise TrainwiseError(f"{path} is over {_MANIFEST_BYTES:,} bytes, more than {what} holds; move it away.")
     return data.decode("utf-8", errors="replace")
 
 

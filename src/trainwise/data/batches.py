@@ -341,12 +341,13 @@ def label_shift(model: Any, loss: torch.Tensor, logits: Any, labels: Any, *, ign
     with torch.no_grad():
         value = float(loss.detach().float())
         flat = logits.detach().float()
-        counted, matches = [], []
+        counted, matches, compared = [], [], 0
         for shift in (0, 1):
             cut_labels = labels[..., shift:].to(flat.device)
             counted.append(int((cut_labels != ignore_index).sum()))
             if counted[-1] == 0 or not math.isfinite(value):
                 continue  # nothing to compare on this alignment
+            compared += 1
             cut_logits = flat[..., : flat.shape[-2] - shift, :]
             expected = float(torch.nn.functional.cross_entropy(
                 cut_logits.flatten(0, -2), cut_labels.flatten(), ignore_index=ignore_index))
@@ -354,7 +355,9 @@ def label_shift(model: Any, loss: torch.Tensor, logits: Any, labels: Any, *, ign
                 matches.append(shift)
     if len(matches) == 1:
         return matches[0]
-    if declared is not None:
+    # a loss that matches neither alignment averages over something else (a router term added): what the model
+    # declares is no proof then, only where the batch cannot tell
+    if declared is not None and not (compared and not matches):
         return declared
     if not math.isfinite(value):  # a mean over no token: only an alignment that counts none gives it
         return 1 if counted[1] == 0 < counted[0] else None
