@@ -112,8 +112,15 @@ def launch(worker: Any, *args: Any, timeout: float = 300) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    os.environ["OMP_NUM_THREADS"] = "1"
-    context = mp.start_processes(worker, args=(port, *args), nprocs=2, join=False, start_method="spawn")
+    previous = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # for the spawned processes only: put back once they are started
+    try:
+        context = mp.start_processes(worker, args=(port, *args), nprocs=2, join=False, start_method="spawn")
+    finally:
+        if previous is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = previous
     deadline = time.monotonic() + timeout
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
