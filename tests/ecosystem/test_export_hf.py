@@ -228,8 +228,8 @@ def test_the_sequence_length_can_be_fixed_or_another_dimension_freed(tmp_path):
         trainwise.export(model, example, tmp_path / "bad.pt2", outputs="logits", dims={"input_ids": {0: None}})
 
 
-@pytest.mark.slow
-def test_the_cli_exports_a_bert_classifier_with_outputs(tmp_path, monkeypatch, capsys):
+def _bert_factory_module(tmp_path, monkeypatch) -> None:
+    """``hf_factory:make_bert`` importable from the current folder, as a CLI user's own module would be."""
     (tmp_path / "hf_factory.py").write_text(
         "import transformers\n\n"
         "def make_bert():\n"
@@ -240,6 +240,11 @@ def test_the_cli_exports_a_bert_classifier_with_outputs(tmp_path, monkeypatch, c
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_the_cli_exports_a_bert_classifier_with_outputs(tmp_path, monkeypatch, capsys):
+    _bert_factory_module(tmp_path, monkeypatch)
     argv = ["export", "--model", "hf_factory:make_bert", "--example-shape", "2,12", "--example-dtype", "int64"]
     assert main([*argv, "-o", "bert.pt2"]) == 2
     err = capsys.readouterr().err
@@ -264,16 +269,7 @@ def test_a_successful_onnx_export_says_nothing_but_its_report(tmp_path, caplog):
 
 
 def test_the_cli_fixes_a_dimension_with_dims(tmp_path, monkeypatch, capsys):
-    (tmp_path / "hf_factory.py").write_text(
-        "import transformers\n\n"
-        "def make_bert():\n"
-        "    config = transformers.BertConfig(vocab_size=61, hidden_size=16, num_hidden_layers=2,\n"
-        "                                     num_attention_heads=2, intermediate_size=32,\n"
-        "                                     max_position_embeddings=32, num_labels=3)\n"
-        "    return transformers.BertForSequenceClassification(config)\n"
-    )
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    _bert_factory_module(tmp_path, monkeypatch)
     common = ["export", "--model", "hf_factory:make_bert", "--example-shape", "2,9", "--example-dtype", "int64",
               "--outputs", "logits", "--json"]
     assert main([*common, "--output", "free.pt2"]) == 0

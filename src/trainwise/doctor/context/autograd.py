@@ -205,24 +205,15 @@ class AutogradFacts:
     def _graph_names(self, expr: ast.AST) -> set[str]:
         """Dotted names in ``expr`` whose graph can reach its value: not those under a call that returns none
         (``.item()``, ``float(...)``, ``np.mean(...)``, ``math.exp(...)``)."""
-        found: set[str] = set()
-        stack = [expr]
-        while stack:
-            sub = stack.pop()
-            if isinstance(sub, ast.Call):
-                func = sub.func
-                if isinstance(func, ast.Attribute) and func.attr in _NO_GRAPH_METHODS:
-                    continue
-                if isinstance(func, ast.Name) and func.id in _NO_GRAPH_BUILTINS:
-                    continue
-                if (self.qualname(func) or "").split(".", 1)[0] in ("numpy", "math", "random", "statistics"):
-                    continue
-            if isinstance(sub, (ast.Name, ast.Attribute)):
-                key = dotted(sub)
-                if key is not None:
-                    found.add(key)
-            stack.extend(ast.iter_child_nodes(sub))
-        return found
+        return names_in(expr, cut=self._returns_no_graph)
+
+    def _returns_no_graph(self, call: ast.Call) -> bool:
+        func = call.func
+        if isinstance(func, ast.Attribute) and func.attr in _NO_GRAPH_METHODS:
+            return True
+        if isinstance(func, ast.Name) and func.id in _NO_GRAPH_BUILTINS:
+            return True
+        return (self.qualname(func) or "").split(".", 1)[0] in ("numpy", "math", "random", "statistics")
 
     def _same_function(self, node: ast.AST, scope: ast.AST) -> bool:
         return self.scope(node) is scope

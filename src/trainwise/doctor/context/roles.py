@@ -280,9 +280,9 @@ class Roles:
             return self._class_of_run_is_module(func)  # Agent(...), PyTorchModel(...) from another file
         return None
 
-    def _class_of_run_is_module(self, func: ast.expr) -> bool | None:
-        """Whether the class of another file of the run that ``func`` names subclasses ``nn.Module``; None when
-        ``func`` names no class of the run."""
+    def _class_of_run_is_module(self, func: ast.expr, depth: int = 1) -> bool | None:
+        """Whether the class of another file of the run that ``func`` names subclasses ``nn.Module`` (its bases
+        followed from ``depth``); None when ``func`` names no class of the run. Each class answered once a run."""
         program = self.program
         assert program is not None
         symbol = program.resolve(self, func)
@@ -293,9 +293,9 @@ class Roles:
 
         def answer() -> bool | None:
             found = program.class_of(self, func)
-            return None if found is None else found[0].is_module_class(found[1], 1)
+            return None if found is None else found[0].is_module_class(found[1], depth)
 
-        return program.remember(("class is module", symbol.path, symbol.name), answer)
+        return program.remember(("module class", symbol.path, symbol.name, depth), answer)
 
     def is_module_class(self, cls: ast.ClassDef, depth: int = 0) -> bool:
         """Whether a class of this file subclasses ``nn.Module``: as the file knows it, or through base classes
@@ -311,24 +311,9 @@ class Roles:
                     if self.is_module_class(local, depth + 1):
                         return True
                     continue
-            if self.program is not None and self._module_class_of_run(base, depth + 1):
+            if self.program is not None and self._class_of_run_is_module(base, depth + 1):
                 return True
         return False
-
-    def _module_class_of_run(self, base: ast.expr, depth: int) -> bool:
-        program = self.program
-        assert program is not None
-        symbol = program.resolve(self, base)
-        if symbol is None or symbol.name is None or "." in symbol.name:
-            return False
-        if program.known_module_class(symbol):
-            return True
-
-        def answer() -> bool:
-            found = program.class_of(self, base)
-            return found is not None and found[0].is_module_class(found[1], depth)
-
-        return program.remember(("module class", symbol.path, symbol.name, depth), answer)
 
     def is_new_object(self, node: ast.AST, at: ast.AST) -> bool:
         """Whether a name holds an object built where it is bound and never anything else: ``copy =

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import collections
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -163,14 +163,17 @@ _NO_GRAPH_METHODS = frozenset({"item", "tolist", "detach", "argmax", "argmin", "
 
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda)
 
-def names_in(node: ast.AST, *, returned: bool = False) -> set[str]:
+def names_in(node: ast.AST, *, returned: bool = False, cut: Callable[[ast.Call], bool] | None = None) -> set[str]:
     """Dotted names in an expression. For a returned value, only those whose graph can reach the caller:
-    not inside comprehensions or lambdas, nor under ``.item()``/``.argmax()``/``.detach()``."""
+    not inside comprehensions or lambdas, nor under ``.item()``/``.argmax()``/``.detach()``. ``cut``: calls whose
+    arguments are left out as well (a call whose result carries no graph)."""
     found = set()
     stack = [node]
     while stack:
         sub = stack.pop()
         if returned and sub is not node and isinstance(sub, _COMPREHENSIONS):
+            continue
+        if cut is not None and isinstance(sub, ast.Call) and cut(sub):
             continue
         if returned and isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and (
             sub.func.attr in _NO_GRAPH_METHODS
