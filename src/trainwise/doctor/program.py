@@ -26,6 +26,7 @@ alone (``check_source``, ``check_file``) is a program of one file: every cross-f
 from __future__ import annotations
 
 import ast
+import builtins
 import heapq
 import os
 import re
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 _BUDGET = 4 << 20
 _TEXT_BUDGET = 16 << 20  # characters of source text kept read (a text takes a fiftieth of its parsed file)
 _REEXPORT_DEPTH = 5  # `from .utils_fit import fit` in a package's __init__.py, followed this many times
+_BUILTINS = frozenset(dir(builtins))  # names a star import cannot have given a file (print, len, range)
 _MAX_SITES = 64  # call sites of one function from other files, at most
 # An import statement in a file's text (a cheap filter before parsing: it may match inside a string too).
 _IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+[.\w]+[ \t]+import[ \t]*(?:\([^)]*\)|[^\n;#]*)|import[ \t]+[^\n;#]*)",
@@ -572,9 +574,10 @@ class Program:
 
     def member_kinds(self, ctx: Context, name: str) -> frozenset[str]:
         """What the ``nn.Module`` classes of ``ctx``'s project (its sealed folder, else the whole run) define as
-        ``name``: ``"forward"`` (a submodule, or a method that runs one with autograd on), ``"no_grad"`` (a method
-        that turns it off) or ``"other"``; empty when no module class of the project defines it. A call
-        ``model.name(x)`` whose receiver's class is unknown is a forward when every definition is one."""
+        ``name``: ``"submodule"``, ``"forward"`` (a method that runs one with autograd on), ``"no_grad"`` (a method
+        that turns it off), ``"trains"`` or ``"other"``; empty when no module class of the project defines it. A
+        call ``model.name(x)`` whose receiver's class is unknown is a forward when every definition is one (a
+        submodule or a forward method)."""
         sealed = self._sealed_folder(ctx.path)
         key = (sealed, name)
         found = self._member_kinds.get(key)
@@ -648,17 +651,20 @@ class Program:
         place of its ``turn``."""
         ctx = self.context(path)
         info = self._info(path)
-        if ctx is None or info is None or not info.imports:
+        if ctx is None or info is None or not (info.imports or info.stars):
             return
         roots = {name for name in info.imports if self._may_be_local(path, name)}
-        if not roots:
+        # `from utils import *` of a file of the run: any name the file does not import may come from it
+        starred = any(self._module_may_be_local(path, bases, module) for bases, module in info.stars)
+        if not roots and not starred:
             return
         for order, call in enumerate(ctx.nodes(ast.Call)):
             func = call.func  # type: ignore[attr-defined]
             root = func
             while isinstance(root, ast.Attribute):
                 root = root.value
-            if not isinstance(root, ast.Name) or root.id not in roots:
+            if not isinstance(root, ast.Name) or not (
+                    root.id in roots or (starred and root.id not in info.imports and root.id not in _BUILTINS)):
                 continue
             symbol = self.resolve(ctx, func)
             if symbol is not None and symbol.name is not None and "." not in symbol.name:
@@ -669,8 +675,11 @@ class Program:
 
     def _may_be_local(self, path: str, name: str) -> bool:
         """Whether an imported name could come from a file of the run (its module's first part is one)."""
-        info = self._infos[path]
-        bases, target = info.imports[name]
+        bases, target = self._infos[path].imports[name]
+        return self._module_may_be_local(path, bases, target)
+
+    def _module_may_be_local(self, path: str, bases: tuple[str, ...], target: str) -> bool:
+        """Whether the module ``target`` imported by ``path`` could be a file of the run."""
         first = target.split(".")[0]
         for base in bases or self._search_bases(path):
             stem = os.path.join(base, first)

@@ -114,6 +114,7 @@ class Functions:
         self._flows: dict[int, tuple[set[int], set[str]]] = {}
         self._eval_loops: list[EvalLoop] | None = None
         self._inference_loops: list[tuple[ast.AST, tuple[ast.Call, ...]]] | None = None
+        self._entered_in_eval: list[tuple[ast.AST, tuple[ast.Call, ...]]] | None = None
         self._switches: dict[int, list[Switch]] = {}
 
     # ------------------------------------------------------------------------------------- call resolution
@@ -331,6 +332,68 @@ class Functions:
         self._eval_loops = found
         return found
 
+    def loops_entered_in_eval(self) -> list[tuple[ast.AST, tuple[ast.Call, ...]]]:
+        """The outer loops of a module-level function that run a module it takes as a parameter, when every
+        call of the function (from this file or another of the run) passes a module its caller put in eval mode
+        before, in the same block or one around it (``model.eval()``, then ``evaluate_valid(model, data)``): an
+        evaluation whatever the function's name."""
+        if self._entered_in_eval is not None:
+            return self._entered_in_eval
+        found: list[tuple[ast.AST, tuple[ast.Call, ...]]] = []
+        self._entered_in_eval = found
+        for fn in self.ctx.tree.body:
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            loops = [(loop, calls) for stmt in fn.body for loop in _outer_loops(stmt)
+                     if (calls := self._parameter_model_calls(fn, loop))]
+            if loops and self._entered_in_eval_mode(fn, {dotted(c.func).split(".")[0]  # type: ignore[union-attr]
+                                                         for _, calls in loops for c in calls}):
+                found += loops
+        return found
+
+    def _parameter_model_calls(self, fn: ast.FunctionDef | ast.AsyncFunctionDef,
+                               loop: ast.AST) -> tuple[ast.Call, ...]:
+        """The model calls of ``loop`` whose module is a parameter of ``fn`` or a part of one."""
+        return tuple(c for c in self._model_calls(loop)
+                     if is_param(fn, (dotted(c.func) or ".").split(".")[0]))  # type: ignore[attr-defined]
+
+    def _entered_in_eval_mode(self, fn: ast.FunctionDef | ast.AsyncFunctionDef, params: set[str]) -> bool:
+        """Whether ``fn`` has calls and each passes, for every parameter in ``params``, a module its caller put
+        in eval mode before the call (see :meth:`in_eval_mode`)."""
+        sites: list[tuple[Context, ast.Call]] = [(self.ctx, c) for c in self.ctx.call_sites(fn)
+                                                 if isinstance(c.func, ast.Name)]
+        program = self.ctx.program
+        if program is not None:
+            sites += program.callers(self.ctx, fn)
+        if not sites:
+            return False
+        for ctx, site in sites:
+            for param in params:
+                value = argument(fn, param, site)
+                name = dotted(value) if value is not None else None
+                if name is None or not functions(ctx).in_eval_mode(site, name):
+                    return False
+        return True
+
+    def in_eval_mode(self, at: ast.AST, model: str) -> bool:
+        """Whether ``model`` was put in eval mode before the statement holding ``at``: a ``model.eval()`` of
+        the same block or of a block around it (within the function), with no ``.train()`` of it in between."""
+        child: ast.AST = at
+        for parent in self.ctx.ancestors(at):
+            if isinstance(child, ast.stmt):
+                for statements in _blocks_of(parent):
+                    if not any(s is child for s in statements):
+                        continue
+                    for earlier in reversed(statements[:next(i for i, s in enumerate(statements) if s is child)]):
+                        if self._eval_marker(earlier) == model:
+                            return True
+                        if self._sets_train_mode(earlier, model):
+                            return False
+            if isinstance(parent, (*DEFINITIONS, ast.Lambda)):
+                return False
+            child = parent
+        return False
+
     def inference_loops(self) -> list[tuple[ast.AST, tuple[ast.Call, ...]]]:
         """The data loops of a script that never trains, with the model calls each runs: the file computes,
         applies and clears no gradient anywhere, and a loop over data (``while not done``, a loader, ``for step
@@ -387,18 +450,9 @@ class Functions:
     def _statement_lists(self) -> Iterator[list[ast.stmt]]:
         stack: list[ast.AST] = [self.ctx.tree]
         while stack:
-            node = stack.pop()
-            for name in _STATEMENT_LISTS:
-                value = getattr(node, name, None)
-                if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
-                    yield value
-                    stack.extend(value)
-            for handler in getattr(node, "handlers", ()) or ():
-                yield handler.body
-                stack.extend(handler.body)
-            for case in getattr(node, "cases", ()) or ():
-                yield case.body
-                stack.extend(case.body)
+            for statements in _blocks_of(stack.pop()):
+                yield statements
+                stack.extend(statements)
 
     def _eval_marker(self, stmt: ast.stmt) -> str | None:
         """``model.eval()`` / ``model.train(False)`` as a statement, or ``model = <chain>.eval()``: the model."""
@@ -631,6 +685,16 @@ def _unchain(node: ast.AST) -> ast.AST:
     while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CHAINABLE:
         node = node.func.value
     return node
+
+
+def _blocks_of(node: ast.AST) -> Iterator[list[ast.stmt]]:
+    """The statement lists directly under ``node`` (a body, an ``else``, handlers' and cases' bodies)."""
+    for name in _STATEMENT_LISTS:
+        value = getattr(node, name, None)
+        if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+            yield value
+    for holder in (*(getattr(node, "handlers", ()) or ()), *(getattr(node, "cases", ()) or ())):
+        yield holder.body
 
 
 def _outer_loops(stmt: ast.stmt) -> list[ast.AST]:

@@ -22,7 +22,17 @@ from __future__ import annotations
 import ast
 import re
 
-from trainwise.doctor.context import Context, dotted, is_param, keyword, last_name, method_call, position, walk_own
+from trainwise.doctor.context import (
+    Context,
+    dotted,
+    is_const,
+    is_param,
+    keyword,
+    last_name,
+    method_call,
+    position,
+    walk_own,
+)
 from trainwise.doctor.context.functions import functions
 
 MEAN = "mean"
@@ -118,8 +128,9 @@ class Losses:
             return self.reduction(expr.operand, at, scope, k, depth + 1)
         if isinstance(expr, ast.Call):
             return self.call(expr, None, k, depth + 1)
-        if isinstance(expr, ast.Attribute) and expr.attr == "loss":
-            return MEAN if self._model_output(expr.value, at) else None
+        if (isinstance(expr, ast.Attribute) and expr.attr == "loss") or (
+                isinstance(expr, ast.Subscript) and is_const(expr.slice, "loss")):
+            return MEAN if self._model_output(expr.value, at) else None  # outputs.loss, outputs["loss"]
         return None
 
     # ---------------------------------------------------------------------------------------------- names

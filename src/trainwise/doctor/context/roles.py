@@ -211,7 +211,15 @@ class Roles:
             return True
         if isinstance(node, ast.Name) or node.attr in _PARAMETER_ATTRS:
             return False
-        return bool(_SUBMODULE_ATTR.fullmatch(node.attr)) and self.is_module(node.value, depth + 1)
+        if not self.is_module(node.value, depth + 1):
+            return False
+        return bool(_SUBMODULE_ATTR.fullmatch(node.attr)) or self._submodule_of_project(node.attr)
+
+    def _submodule_of_project(self, name: str) -> bool:
+        """Whether every module class of the project that defines ``name`` assigns it a module
+        (``self.outc = OutConv(64, n_classes)``): then ``model.outc`` is a module whatever its name."""
+        kinds = self.program.member_kinds(self, name) if self.program is not None else self.member_kinds_here(name)
+        return kinds == {"submodule"}
 
     def _module_from_bindings(self, node: ast.AST, depth: int) -> bool | None:
         """The verdict of a name's bindings (all say module, or all say not), computed once per list of
@@ -372,11 +380,11 @@ class Roles:
             return True
         kinds = self.program.member_kinds(self, func.attr) if self.program is not None else self.member_kinds_here(
             func.attr)
-        return kinds == {"forward"}
+        return bool(kinds) and kinds <= {"forward", "submodule"}
 
     def member_kinds_here(self, name: str) -> frozenset[str]:
-        """What the ``nn.Module`` classes of this file define as ``name``: ``"forward"`` for a submodule
-        (``self.visual = VisionTransformer(...)``) or a method that calls a module with autograd on,
+        """What the ``nn.Module`` classes of this file define as ``name``: ``"submodule"`` for a module attribute
+        (``self.visual = VisionTransformer(...)``), ``"forward"`` for a method that calls a module with autograd on,
         ``"no_grad"`` for a method that turns autograd off (decorated, or its whole body under ``no_grad``),
         ``"trains"`` for a method that computes or applies gradients itself, ``"other"`` for anything else (a
         method that calls no module, a tensor or number attribute)."""
@@ -399,7 +407,7 @@ class Roles:
                             for target in targets:
                                 if (isinstance(target, ast.Attribute) and target.attr == name
                                         and isinstance(target.value, ast.Name) and target.value.id == "self"):
-                                    kinds.add("forward" if self.is_module(target) else "other")
+                                    kinds.add("submodule" if self.is_module(target) else "other")
         found = frozenset(kinds)
         self._cache[key] = found  # type: ignore[index]
         return found

@@ -143,6 +143,11 @@ class EvaluationWithGradEnabled(Rule):
                 if calls and not self._hook(found.loop):
                     regions.append((found.loop, calls))
                     covered.update(id(c) for c in calls)
+            for loop, loop_calls in summaries.loops_entered_in_eval():
+                calls = [c for c in loop_calls if id(c) not in covered]
+                if calls and not self._hook(loop):
+                    regions.append((loop, calls))
+                    covered.update(id(c) for c in calls)
             for loop, loop_calls in summaries.inference_loops():
                 calls = [c for c in loop_calls if id(c) not in covered]
                 if calls and not self._hook(loop):

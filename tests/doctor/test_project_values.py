@@ -1,0 +1,168 @@
+"""The doctor's value model across the files of a project: what an attribute of a model is, learnt from the
+classes that define it, whatever its name (issue 45). Each capability has its fixtures in several forms and a
+near-miss that stays silent."""
+
+from __future__ import annotations
+
+from trainwise.doctor.engine import Config, check_sources
+
+
+def _codes(sources: dict[str, str], code: str) -> list[tuple[str, int]]:
+    found = check_sources(sources, config=Config(select=(code,)))
+    return sorted((path, f.line) for path, findings in found.items() for f in findings if f.code == code)
+
+
+_HEADS = """
+import torch
+from torch import nn
+
+class OutputConv(nn.Module):
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+class Segmenter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.entry = nn.Conv2d(3, 8, 3)
+        self.tail = OutputConv(8, 2)
+        self.prototypes = nn.Parameter(torch.zeros(2, 8))
+        self.temperature = 0.1
+
+    def forward(self, x):
+        return self.tail(self.entry(x)) / self.temperature
+"""
+
+
+def test_a_submodule_named_like_nothing_is_known_from_its_class_in_another_file():
+    train = """
+import torch
+from nets.seg import Segmenter
+
+def build():
+    return Segmenter()
+
+class Adapter:
+    def __init__(self):
+        self.model = build()
+        self.model.tail.requires_grad = False
+        self.optimizer = torch.optim.Adam(self.model.parameters(), weight_decay=5e-4)
+"""
+    assert _codes({"nets/seg.py": _HEADS, "train.py": train}, "TW110") == [("train.py", 11)]
+
+
+def test_a_torch_layer_attribute_is_a_module_in_a_script_too():
+    script = _HEADS + """
+net = Segmenter()
+net.entry.requires_grad = False
+opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+"""
+    assert _codes({"train.py": script}, "TW110") == [("train.py", 25)]
+
+
+def test_a_parameter_or_a_member_that_is_a_module_in_one_class_only_stays_silent():
+    other = """
+import torch
+from torch import nn
+
+class Scaler(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tail = nn.Parameter(torch.ones(1))
+"""
+    train = """
+import torch
+from nets.seg import Segmenter
+
+model = Segmenter()
+model.prototypes.requires_grad = False
+model.tail.requires_grad = False
+opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad])
+"""
+    assert _codes({"nets/seg.py": _HEADS, "nets/scale.py": other, "train.py": train}, "TW110") == []
+
+
+_RANKER = """
+import numpy as np
+import torch
+
+def rank_users(net, users, k=10):
+    hits = 0
+    for u in users:
+        scores = net.score(np.array([u]))
+        hits += int(scores.argsort()[0] < k)
+    return hits / len(users)
+"""
+
+_SCORER_MODEL = """
+import torch
+from torch import nn
+
+class Recommender(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.item_table = nn.Embedding(n, 8)
+
+    def forward(self, u):
+        return self.item_table(u).sum(-1)
+
+    def score(self, u):
+        return self.item_table(torch.as_tensor(u)).sum(-1)
+"""
+
+
+def _trainer(evaluation: str) -> str:
+    return f"""
+import torch
+from model import Recommender
+from metrics import *
+
+model = Recommender(100)
+opt = torch.optim.Adam(model.parameters())
+for epoch in range(10):
+    model.train()
+    for u in range(100):
+        opt.zero_grad()
+        model(torch.tensor([u])).sum().backward()
+        opt.step()
+    if epoch % 5 == 0:
+{evaluation}
+"""
+
+
+def test_a_function_called_after_eval_is_an_evaluation_whatever_its_name_through_a_star_import():
+    sources = {"model.py": _SCORER_MODEL, "metrics.py": _RANKER,
+               "train.py": _trainer("        model.eval()\n        print(rank_users(model, range(100)))")}
+    assert _codes(sources, "TW104") == [("metrics.py", 8)]
+
+
+def test_a_same_file_helper_entered_in_eval_mode_from_an_outer_block():
+    script = _SCORER_MODEL + _RANKER.replace("import numpy as np\nimport torch\n", "import numpy as np\n") + """
+model = Recommender(100)
+opt = torch.optim.Adam(model.parameters())
+for epoch in range(10):
+    model.eval()
+    if epoch % 5 == 0:
+        print(rank_users(model, range(100)))
+    model.train()
+    for u in range(100):
+        opt.zero_grad()
+        model(torch.tensor([u])).sum().backward()
+        opt.step()
+"""
+    found = _codes({"train.py": script}, "TW104")
+    assert found == [("train.py", 21)], found
+
+
+def test_helpers_entered_in_train_mode_or_under_no_grad_stay_silent():
+    back_to_train = _trainer("        model.eval()\n        model.train()\n        print(rank_users(model, range(9)))")
+    no_grad = _trainer("        model.eval()\n        with torch.no_grad():\n"
+                       "            print(rank_users(model, range(9)))")
+    also_training = _trainer("        model.eval()\n        print(rank_users(model, range(9)))") + \
+        "model.train()\nprint(rank_users(model, range(9)))\n"
+    for train in (back_to_train, no_grad, also_training):
+        sources = {"model.py": _SCORER_MODEL, "metrics.py": _RANKER, "train.py": train}
+        assert _codes(sources, "TW104") == [], train
