@@ -166,3 +166,27 @@ def test_helpers_entered_in_train_mode_or_under_no_grad_stay_silent():
     for train in (back_to_train, no_grad, also_training):
         sources = {"model.py": _SCORER_MODEL, "metrics.py": _RANKER, "train.py": train}
         assert _codes(sources, "TW104") == [], train
+
+
+_ACCUMULATE = """
+import torch
+
+def train(model, loader, optimizer, accum_steps):
+    for i, batch in enumerate(loader):
+        loss = {loss}
+        loss.backward()
+        if (i + 1) % accum_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_a_model_output_indexed_by_loss_is_its_mean_loss():
+    named = _ACCUMULATE.replace("        loss = {loss}", "        out = model(batch)\n        loss = {loss}")
+    for source in (_ACCUMULATE.format(loss='model(**batch)["loss"]'), named.format(loss='out["loss"]')):
+        assert len(_codes({"train.py": source}, "TW106")) == 1, source
+
+
+def test_an_indexed_loss_divided_or_of_another_key_stays_silent():
+    for loss in ('model(**batch)["loss"] / accum_steps', 'model(batch)["losses"]', 'model(batch)[0]'):
+        assert _codes({"train.py": _ACCUMULATE.format(loss=loss)}, "TW106") == [], loss

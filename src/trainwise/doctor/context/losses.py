@@ -128,9 +128,8 @@ class Losses:
             return self.reduction(expr.operand, at, scope, k, depth + 1)
         if isinstance(expr, ast.Call):
             return self.call(expr, None, k, depth + 1)
-        if (isinstance(expr, ast.Attribute) and expr.attr == "loss") or (
-                isinstance(expr, ast.Subscript) and is_const(expr.slice, "loss")):
-            return MEAN if self._model_output(expr.value, at) else None  # outputs.loss, outputs["loss"]
+        if is_output_loss(expr):
+            return MEAN if self.model_output(expr.value, at) else None  # type: ignore[attr-defined]
         return None
 
     # ---------------------------------------------------------------------------------------------- names
@@ -329,7 +328,7 @@ class Losses:
             return None
         return float(value)
 
-    def _model_output(self, expr: ast.AST, at: ast.AST) -> bool:
+    def model_output(self, expr: ast.AST, at: ast.AST) -> bool:
         """``model(...)``, or a name bound once to it: a Hugging Face output whose ``.loss`` is a mean."""
         if isinstance(expr, ast.Call):
             return self.ctx.is_model_call(expr)
@@ -338,6 +337,12 @@ class Losses:
             return (len(found) == 1 and found[0].kind == "assign" and not found[0].unpacked
                     and isinstance(found[0].value, ast.Call) and self.ctx.is_model_call(found[0].value))
         return False
+
+
+def is_output_loss(expr: ast.AST) -> bool:
+    """``outputs.loss`` or ``outputs["loss"]``: the loss a model returns (a Hugging Face output, a dict)."""
+    return (isinstance(expr, ast.Attribute) and expr.attr == "loss") or (
+        isinstance(expr, ast.Subscript) and is_const(expr.slice, "loss"))
 
 
 def losses(ctx: Context) -> Losses:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from trainwise.doctor.context import dotted, is_const, keyword, last_name, method_call, walk_own
 from trainwise.doctor.context.functions import functions
-from trainwise.doctor.context.losses import MEAN, losses
+from trainwise.doctor.context.losses import MEAN, is_output_loss, losses
 from trainwise.doctor.rule import Rule
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -268,15 +268,8 @@ class AccumulatedLossNotScaled(Rule):
         if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
             left = self._plain_loss(expr.left, at, loop, depth + 1, caller)
             return left and self._plain_loss(expr.right, at, loop, depth + 1, caller)
-        if isinstance(expr, ast.Attribute) and expr.attr == "loss":
-            value = expr.value
-            if isinstance(value, ast.Call):
-                return self.ctx.is_model_call(value)
-            if isinstance(value, ast.Name):
-                reaching = self.ctx.reaching(value, at)
-                return (len(reaching) == 1 and reaching[0].kind == "assign" and not reaching[0].unpacked
-                        and isinstance(reaching[0].value, ast.Call) and self.ctx.is_model_call(reaching[0].value))
-            return False
+        if is_output_loss(expr):
+            return losses(self.ctx).model_output(expr.value, at)  # type: ignore[attr-defined]
         if isinstance(expr, ast.Call):
             helpers = self._loss_helpers(expr)
             if helpers is not None and all(self._returns_plain_loss(fn, depth) for fn in helpers):
