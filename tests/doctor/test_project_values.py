@@ -190,3 +190,37 @@ def test_a_model_output_indexed_by_loss_is_its_mean_loss():
 def test_an_indexed_loss_divided_or_of_another_key_stays_silent():
     for loss in ('model(**batch)["loss"] / accum_steps', 'model(batch)["losses"]', 'model(batch)[0]'):
         assert _codes({"train.py": _ACCUMULATE.format(loss=loss)}, "TW106") == [], loss
+
+
+_EVAL_EPOCH = """
+import torch
+
+def evaluate_split(loader, model):
+    model.eval()
+    for batch in loader:
+        print(model(batch).argmax(-1))
+
+{decorator}
+def run(loaders, model, optimizer):
+    for epoch in range(3):
+        model.train()
+        for batch in loaders[0]:
+            optimizer.zero_grad()
+            model(batch).sum().backward()
+            optimizer.step()
+        evaluate_split(loaders[1], model)
+"""
+
+
+def test_an_evaluation_called_from_a_registered_or_command_line_entry_point_is_checked():
+    for decorator in ('@register_train("example")', "@TRAINERS.register_module()",
+                      '@hydra.main(config_path="conf")', "@click.command()"):
+        source = "import hydra, click\nfrom registry import register_train, TRAINERS\n" + \
+            _EVAL_EPOCH.format(decorator=decorator)
+        assert _codes({"train.py": source}, "TW104") == [("train.py", 9)], decorator
+
+
+def test_an_evaluation_called_under_an_unknown_or_grad_free_decorator_stays_silent():
+    for decorator in ("@torch.no_grad()", "@wrappers.in_context", "@torch.inference_mode()"):
+        source = "import wrappers\n" + _EVAL_EPOCH.format(decorator=decorator)
+        assert _codes({"train.py": source}, "TW104") == [], decorator

@@ -530,4 +530,9 @@ def _harmless_decorator(decorator: ast.AST) -> bool:
     name = dotted(decorator.func if isinstance(decorator, ast.Call) else decorator) or ""
     if isinstance(decorator, ast.Call) and name.endswith("set_grad_enabled"):
         return bool(decorator.args) and is_const(decorator.args[0], True)
-    return name.rsplit(".", 1)[-1] in ("staticmethod", "classmethod", "property", "abstractmethod", "override")
+    last = name.rsplit(".", 1)[-1]
+    if last.startswith("register") or name.endswith("enable_grad"):
+        return True  # a registry (`@register_train("example")`, `@MODELS.register_module()`) hands the function back
+    if name in ("hydra.main", "main") or name.split(".", 1)[0] == "click":
+        return True  # command-line entry points: they parse arguments, autograd stays as it was
+    return last in ("staticmethod", "classmethod", "property", "abstractmethod", "override")
