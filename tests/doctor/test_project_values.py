@@ -224,3 +224,61 @@ def test_an_evaluation_called_under_an_unknown_or_grad_free_decorator_stays_sile
     for decorator in ("@torch.no_grad()", "@wrappers.in_context", "@torch.inference_mode()"):
         source = "import wrappers\n" + _EVAL_EPOCH.format(decorator=decorator)
         assert _codes({"train.py": source}, "TW104") == [], decorator
+
+
+_METERS = """
+class AverageMeter:
+    def __init__(self):
+        self.sum, self.count = 0, 0
+
+    def update(self, val, n=1):
+        self.sum += val * n
+        self.count += n
+
+
+class History:
+    def __init__(self):
+        self.points = []
+
+    def record(self, step, value):
+        self.points.append((step, value))
+"""
+
+_FIT = """
+import torch
+import torch.nn.functional as F
+from utils.meters import AverageMeter, History
+
+def fit(model, loader, optimizer):
+    meter, history = AverageMeter(), History()
+    for step, (x, y) in enumerate(loader):
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        {keep}
+    return meter.sum / meter.count
+"""
+
+
+def test_a_loss_handed_to_a_method_that_adds_it_to_its_object_keeps_every_graph():
+    for keep in ("meter.update(loss, x.size(0))", "history.record(step, loss)"):
+        sources = {"utils/meters.py": _METERS, "train.py": _FIT.format(keep=keep)}
+        assert _codes(sources, "TW102") == [("train.py", 13)], keep
+
+
+def test_a_number_a_library_object_or_a_method_another_class_defines_differently_stays_silent():
+    other = """
+class Gauge:
+    def update(self, val, n=1):
+        self.last = val
+"""
+    for keep in ("meter.update(loss.item(), x.size(0))", "history.record(step, float(loss))",
+                 "metric.update(loss)"):
+        fit = _FIT.format(keep=keep).replace("    meter, history", "    metric = torchmetrics.MeanMetric()\n"
+                                                                  "    meter, history")
+        sources = {"utils/meters.py": _METERS, "train.py": "import torchmetrics\n" + fit}
+        assert _codes(sources, "TW102") == [], keep
+    sources = {"utils/meters.py": _METERS, "utils/gauge.py": other,
+               "train.py": _FIT.format(keep="meter.update(loss, x.size(0))")}
+    assert _codes(sources, "TW102") == []

@@ -144,7 +144,7 @@ class Program:
         self._remembered: dict[Hashable, object] = {}
         self._holding: dict[tuple[str, str], bool] = {}  # (path, needle) -> whether its text holds it
         self._members: dict[str, set[str]] | None = None  # member name -> files that may define it in a class
-        self._member_kinds: dict[tuple[str | None, str], frozenset[str]] = {}
+        self._member_kinds: dict[tuple[str | None, str, str], frozenset[str]] = {}  # (project, fact, name)
 
     # ------------------------------------------------------------------------------------------------ files
     def adopt(self, ctx: Context) -> Context:
@@ -578,20 +578,32 @@ class Program:
         that turns it off), ``"trains"`` or ``"other"``; empty when no module class of the project defines it. A
         call ``model.name(x)`` whose receiver's class is unknown is a forward when every definition is one (a
         submodule or a forward method)."""
+        return self._member_facts(ctx, name, "kinds", lambda c: c.member_kinds_here(name))
+
+    def kept_arguments(self, ctx: Context, name: str) -> frozenset[str]:
+        """What the methods called ``name`` of the classes of ``ctx``'s project keep of their arguments (see
+        ``Context.kept_arguments_here``): a call ``obj.name(loss)`` of an object of unknown class adds ``loss``
+        to state that outlives it when every definition keeps that argument."""
+        return self._member_facts(ctx, name, "kept", lambda c: c.kept_arguments_here(name))
+
+    def _member_facts(self, ctx: Context, name: str, fact: str,
+                      here: Callable[[Context], frozenset[str]]) -> frozenset[str]:
+        """One fact about the members called ``name`` of ``ctx``'s project (its sealed folder, else the whole
+        run), joined over the files whose text defines one; computed once per project, fact and name."""
         sealed = self._sealed_folder(ctx.path)
-        key = (sealed, name)
+        key = (sealed, fact, name)
         found = self._member_kinds.get(key)
         if found is not None:
             return found
         self._member_kinds[key] = frozenset()  # asked again while answering: no answer yet
-        kinds: set[str] = set(ctx.member_kinds_here(name))
+        facts: set[str] = set(here(ctx))
         for path in sorted(self._member_index().get(name, ())):
             if path == ctx.path or (sealed is not None and not (self._absolute.get(path) or "").startswith(sealed)):
                 continue
             other = self.context(path)
             if other is not None:
-                kinds |= other.member_kinds_here(name)
-        found = self._member_kinds[key] = frozenset(kinds)
+                facts |= here(other)
+        found = self._member_kinds[key] = frozenset(facts)
         return found
 
     def _member_index(self) -> dict[str, set[str]]:

@@ -412,6 +412,24 @@ class Roles:
         self._cache[key] = found  # type: ignore[index]
         return found
 
+    def kept_arguments_here(self, name: str) -> frozenset[str]:
+        """What the methods called ``name`` of this file's classes do with their arguments: for each definition,
+        the positions (``self`` not counted, joined by commas) of the parameters it adds to its object's state
+        (``self.sum += val * n``, ``self.totals[k] += losses[k]``, ``self.history.append(val)``), state that
+        outlives the call; ``"-"`` for one that keeps none. Empty when no class of the file defines ``name``."""
+        key = ("kept", name)
+        cached = self._cache.get(key)  # type: ignore[arg-type]
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        kept: set[str] = set()
+        for cls in self.nodes(ast.ClassDef):
+            for fn in cls.body:  # type: ignore[attr-defined]
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name == name:
+                    kept.add(",".join(sorted(_kept_parameters(fn))) or "-")
+        result = frozenset(kept)
+        self._cache[key] = result  # type: ignore[index]
+        return result
+
     def _method_kind(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
         if self.grad_disabled(fn.body[0]) if fn.body else False:  # type: ignore[attr-defined]
             return "no_grad"
@@ -496,3 +514,50 @@ def _builds_loss(roles: Roles, b: Binding) -> bool:
         inner = roles.qualname(b.value.func) or ""  # type: ignore[attr-defined]
         return inner.startswith("torch.nn.") and inner.endswith("Loss")
     return False
+
+
+def _kept_parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """Positions (``self`` not counted) of the parameters a method adds to ``self``'s state as they are: the
+    value of ``self.<...> += ...`` or of ``self.<...>.append(...)`` names the parameter (or an item of it) other
+    than through ``.item()``, ``.detach()``, ``float()`` or the like."""
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)][1:]
+    kept: set[str] = set()
+    for node in walk_own(fn.body):
+        value: ast.AST | None = None
+        target: ast.AST | None = None
+        if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
+            target, value = node.target, node.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "append"
+              and len(node.args) == 1):
+            target, value = node.func.value, node.args[0]
+        if target is None or value is None:
+            continue
+        root = target
+        while isinstance(root, (ast.Attribute, ast.Subscript)):
+            root = root.value
+        if not (isinstance(root, ast.Name) and root.id == "self" and target is not root):
+            continue
+        for position, param in enumerate(params):
+            if _names_raw(value, param):
+                kept.add(str(position))
+    return kept
+
+
+def _names_raw(value: ast.AST, name: str) -> bool:
+    """Whether ``value`` reads ``name`` other than through a call that turns a tensor into a number or a
+    detached tensor (``val.item()``, ``float(val)``, ``val.detach()``)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Call):
+            func = node.func
+            if (isinstance(func, ast.Attribute) and func.attr in _DETACHING) or (
+                    isinstance(func, ast.Name) and func.id in ("float", "int", "round", "len", "str", "bool")):
+                continue
+        if isinstance(node, ast.Name) and node.id == name:
+            return True
+        stack.extend(ast.iter_child_nodes(node))
+    return False
+
+
+_DETACHING = frozenset({"item", "detach", "tolist", "numpy", "cpu_numpy"})

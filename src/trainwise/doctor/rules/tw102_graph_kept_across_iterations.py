@@ -131,6 +131,35 @@ class GraphKeptAcrossIterations(Rule):
             for element in elements:
                 if self._check(node, func.value, element, "appended to a list"):
                     return
+        elif isinstance(func, ast.Attribute) and node.args:
+            for index in self._kept_by_method(node, func):
+                if self._check(node, func.value, node.args[index], f"kept by `{func.attr}()` in the state of"):
+                    return
+
+    def _kept_by_method(self, call: ast.Call, func: ast.Attribute) -> list[int]:
+        """The positions of ``call``'s arguments that every method of the project called ``func.attr`` adds to
+        its object's state (``meter.update(loss, n)`` with ``def update(self, val, n): self.sum += val * n``);
+        empty for an object a library built (``torchmetrics.MeanMetric()``), for a module or an optimizer, and
+        for a method of ``self`` that its own class does not define (inherited from a library)."""
+        ctx = self.ctx
+        receiver = func.value
+        if ctx.is_module(receiver) or ctx.is_optimizer(receiver) or ctx.qualname(func) is not None:
+            return []
+        if isinstance(receiver, ast.Name) and receiver.id == "self":
+            cls = ctx.enclosing_class(call)
+            if cls is None or not any(isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == func.attr
+                                      for f in cls.body):
+                return []
+        bindings = ctx.bindings_of(receiver, call) if isinstance(receiver, (ast.Name, ast.Attribute)) else []
+        program = ctx.program
+        if any(b.kind == "assign" and isinstance(b.value, ast.Call) and ctx.qualname(b.value.func) is not None
+               and (program is None or program.resolve(ctx, b.value.func) is None) for b in bindings):
+            return []  # built by a library
+        kept = program.kept_arguments(ctx, func.attr) if program is not None else ctx.kept_arguments_here(func.attr)
+        if not kept or "-" in kept:
+            return []
+        every = set.intersection(*(set(k.split(",")) for k in kept))
+        return sorted(int(i) for i in every if int(i) < len(call.args))
 
     def _check(self, node: ast.AST, target: ast.AST, value: ast.AST, verb: str) -> bool:
         ctx = self.ctx
