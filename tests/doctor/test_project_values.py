@@ -282,3 +282,38 @@ class Gauge:
     sources = {"utils/meters.py": _METERS, "utils/gauge.py": other,
                "train.py": _FIT.format(keep="meter.update(loss, x.size(0))")}
     assert _codes(sources, "TW102") == []
+
+
+_LOADERS = """
+import torch
+from torch import nn
+
+def load_weights(model, path):
+    found = model.load_state_dict(torch.load(path, weights_only=True), strict=False)
+    return found
+
+class Pretrained(nn.Module):
+    def load_pretrained(self, path):
+        msg = self.load_state_dict(torch.load(path, weights_only=True)["model"], strict=False)
+        return msg
+"""
+
+
+def test_a_non_strict_report_returned_to_callers_that_all_drop_it_is_unchecked():
+    for call in ("load_weights(net, args.weights)", "net.load_pretrained(args.weights)"):
+        train = f"import torch\nfrom nets.base import Pretrained, load_weights\nnet = Pretrained()\n{call}\n"
+        found = _codes({"nets/base.py": _LOADERS, "train.py": train}, "TW302")
+        assert len(found) == 1 and found[0][0] == "nets/base.py", (call, found)
+
+
+def test_a_non_strict_report_one_caller_reads_stays_silent():
+    train = """
+import torch
+from nets.base import Pretrained, load_weights
+net = Pretrained()
+load_weights(net, "a.pt")
+print(load_weights(net, "b.pt").missing_keys)
+report = net.load_pretrained("c.pt")
+assert not report.unexpected_keys
+"""
+    assert _codes({"nets/base.py": _LOADERS, "train.py": train}, "TW302") == []

@@ -619,6 +619,10 @@ class Program:
                     self._members.setdefault(match.group(1) or match.group(2), set()).add(path)
         return self._members
 
+    def same_project(self, a: str, b: str) -> bool:
+        """Whether two files of the run belong to one project (the same sealed folder, see below)."""
+        return self._sealed_folder(a) == self._sealed_folder(b)
+
     def _sealed_folder(self, path: str) -> str | None:
         """The innermost folder above ``path`` whose name is no Python identifier (``owner+repo``, ``my-app``),
         with a trailing separator; None when there is none. No import can name such a folder, so no file outside

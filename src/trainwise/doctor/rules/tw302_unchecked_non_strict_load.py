@@ -156,6 +156,32 @@ class UncheckedNonStrictLoad(Rule):
                 self.report(node, f"the keys that load_state_dict(strict=False) could not match are assigned to "
                                   f"`{', '.join(names)}` but never read; a checkpoint whose keys do not match "
                                   f"loads nothing, silently")
+            elif (fn := self._returned_to_droppers(set(names), parent)) is not None:
+                self.report(node, f"the keys that load_state_dict(strict=False) could not match are returned by "
+                                  f"`{fn}()`, and every call of it drops them; a checkpoint whose keys do not match "
+                                  f"loads nothing, silently")
+
+    def _returned_to_droppers(self, names: set[str], stmt: ast.AST) -> str | None:
+        """The name of the function holding ``stmt`` when its only reads of ``names`` are ``return name`` and
+        every call of it in the project (this file and the others, by name) is a statement that drops the
+        result (``self.load_from_pretrained(path)``); None otherwise, or when it has no call."""
+        fn = self.ctx.scope(stmt)
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.name.startswith("__"):
+            return None
+        reads = [n for n in self.ctx.nodes(ast.Name) if n.id in names and isinstance(n.ctx, ast.Load)  # type: ignore[attr-defined]
+                 and position(n) > position(stmt) and self.ctx.is_inside(n, fn)]
+        if not reads or not all(isinstance(self.ctx.parent(n), ast.Return) for n in reads):
+            return None
+        program = self.ctx.program
+        if program is None:
+            dropped = [isinstance(self.ctx.parent(c), ast.Expr) for c in self.ctx.calls_named(fn.name)]
+        else:
+            here = self.ctx.path
+            dropped = [d for path, d in program.gather(
+                f"TW302 calls of {fn.name}",
+                lambda c: [(c.path, isinstance(c.parent(call), ast.Expr)) for call in c.calls_named(fn.name)],
+                needles=(fn.name,)) if program.same_project(path, here)]
+        return fn.name if dropped and all(dropped) else None
 
     def _read_later(self, names: set[str], stmt: ast.AST) -> bool:
         scope = self.ctx.scope(stmt)
