@@ -4,10 +4,13 @@ runtime guards catch reported with its code and the script's line, and nothing s
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -104,6 +107,7 @@ ENDINGS = {
     "exception": ('def fail():\n    raise ValueError("no data")\nprint("before")\nfail()\n', 1),
     "exit message": ('import sys\nsys.exit("stopped: no data")\n', 1),
     "exit code": ('import sys\nprint("out")\nsys.exit(7)\n', 7),
+    "keyboard interrupt": ('print("out")\nraise KeyboardInterrupt\n', -signal.SIGINT),  # python dies of SIGINT
 }
 
 
@@ -171,3 +175,130 @@ def test_the_console_script_puts_the_scripts_folder_first_on_sys_path(tmp_path):
                             timeout=TIMEOUT)
     assert ours.returncode == python.returncode == 0, ours.stderr
     assert ours.stdout == python.stdout == f"{tmp_path / 'sub'} helper beside the script ['sub/show.py', 'x']\n"
+
+
+def _line_of(path: Path, text: str) -> int:
+    """The number of the only line of ``path`` that ends with ``text``."""
+    found = [n for n, line in enumerate(path.read_text().splitlines(), start=1) if line.endswith(text)]
+    assert len(found) == 1, (text, found)
+    return found[0]
+
+
+def _run_json(tmp_path: Path, *argv: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess,
+                                                                                        list[dict]]:
+    proc = subprocess.run([*RUN, "--format", "json", "--output", "report.json", *argv], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    return proc, json.loads((tmp_path / "report.json").read_text())
+
+
+def test_an_accelerate_loops_finding_is_placed_at_the_scripts_step_and_confirms_the_doctor(tmp_path):
+    pytest.importorskip("accelerate")
+    script = tmp_path / "train.py"
+    shutil.copy(SCRIPTS / "accelerate_loop.py", script)
+    step = _marked_lines(script)["TW102"]
+    proc, report = _run_json(tmp_path, "train.py")
+    assert proc.stdout == "trained\n"
+    # the step runs inside accelerate's AcceleratedOptimizer.step: the line is the script's call of it
+    assert re.findall(r"^trainwise run: (\S+): TW102 ", proc.stderr, re.MULTILINE) == [f"train.py:{step}"]
+    assert "site-packages" not in proc.stderr and "accelerate/" not in proc.stderr
+    assert [(e["code"], e["path"], e["line"], e["found"], e["run_line"]) for e in report] == [
+        ("TW102", "train.py", _line_of(script, "total += loss"), "both", step)]
+
+
+@pytest.mark.slow
+def test_a_module_run_from_an_installed_package_is_placed_in_it_and_a_librarys_frames_are_not(tmp_path):
+    site = tmp_path / "env" / "lib" / "site-packages"  # an installed package, as pip lays it out
+    (site / "trainpkg").mkdir(parents=True)
+    (site / "trainpkg" / "__init__.py").write_text("")
+    (site / "steplib.py").write_text("def step(optimizer):\n    optimizer.step()\n")  # a library that steps
+    (site / "trainpkg" / "train.py").write_text(
+        "import torch\nimport steplib\n\nmodel = torch.nn.Linear(2, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n    model(torch.ones(4, 2)).sum().backward()\n    steplib.step(optimizer)  # TW105\n")
+    paths = [str(site), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    proc, report = _run_json(tmp_path, "-m", "trainpkg.train", env=env)
+    line = _marked_lines(site / "trainpkg" / "train.py")["TW105"]
+    shown = os.path.join("env", "lib", "site-packages", "trainpkg", "train.py")
+    assert re.findall(r"^trainwise run: (\S+): TW105 ", proc.stderr, re.MULTILINE) == [f"{shown}:{line}"]
+    assert [(e["code"], e["path"], e["run_line"]) for e in report if e["found"] != "static"] == [
+        ("TW105", shown, line)]
+
+
+def test_the_run_confirms_the_doctors_finding_on_the_path_that_ran_not_in_a_function_never_called(tmp_path):
+    script = tmp_path / "train.py"
+    shutil.copy(SCRIPTS / "unused_function.py", script)
+    step = _marked_lines(script)["TW102"]
+    ran, never = _line_of(script, "# confirmed"), _line_of(script, "# static only")
+    assert never < ran  # the function's finding comes first in the file, and is nearer by no measure but order
+    proc, report = _run_json(tmp_path, "train.py")
+    static = re.findall(r"^trainwise run: doctor: train\.py:(\d+):\d+: TW102 ", proc.stderr, re.MULTILINE)
+    assert sorted(map(int, static)) == [never, ran]  # the doctor finds both
+    assert sorted((e["line"], e["found"], e.get("run_line")) for e in report if e["code"] == "TW102") == [
+        (never, "static", None), (ran, "both", step)]
+
+
+def _interrupt(argv: list[str], cwd: Path) -> tuple[int, str, str]:
+    """Run ``argv``, send it SIGINT once the script says it is training, and return how it ended."""
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        if first == "training\n":
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        proc.kill()
+        proc.wait()
+    return proc.returncode, first + out, err
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_a_script_stopped_by_sigint_dies_of_sigint_as_under_python_after_the_report(tmp_path):
+    script = tmp_path / "train.py"
+    shutil.copy(SCRIPTS / "interrupted.py", script)
+    python = _interrupt([sys.executable, "train.py"], tmp_path)
+    ours = _interrupt([*RUN, "train.py"], tmp_path)
+    assert python[0] == -signal.SIGINT  # what a parent's WIFSIGNALED / WTERMSIG sees
+    assert ours[0] == python[0], ours[2]
+    assert ours[1] == python[1] == "training\natexit: saved\n"  # the script's atexit handlers ran, as under python
+    assert python[2].endswith("\nKeyboardInterrupt\n")
+    traceback, _, report = ours[2].partition("\nKeyboardInterrupt\n")
+    assert "trainwise/cli" not in traceback and "runpy" not in traceback
+    step = _marked_lines(script)["TW105"]
+    assert f"trainwise run: train.py:{step}: TW105 " in traceback  # said live, before the interrupt
+    assert report.startswith("trainwise run: train.py was interrupted (KeyboardInterrupt)"), report
+    assert "TW105  train.py:" in report  # the report, printed before the process kills itself
+
+
+def test_a_folder_without_main_fails_in_one_line_as_under_python(tmp_path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "train.py").write_text("print('never run')\n")
+    python = subprocess.run([sys.executable, "app"], cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
+    ours = subprocess.run([*RUN, "app"], cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
+    said = f"can't find '__main__' module in {str(tmp_path / 'app')!r}"
+    assert python.stderr == f"{sys.executable}: {said}\n"
+    assert (ours.returncode, ours.stdout) == (python.returncode, python.stdout) == (1, "")
+    assert ours.stderr.startswith(f"trainwise run: {said}; ") and len(ours.stderr.splitlines()) == 1, ours.stderr
+
+
+@pytest.mark.slow
+def test_a_folder_or_zip_file_with_main_runs_as_under_python(tmp_path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__main__.py").write_text(
+        "import sys\nimport torch\n\nmodel = torch.nn.Linear(2, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n    model(torch.ones(4, 2)).sum().backward()\n    optimizer.step()\n"
+        "print(__name__, sys.argv)\n")
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as archive:
+        archive.write(tmp_path / "app" / "__main__.py", "__main__.py")
+    for target in ("app", "app.zip"):
+        python = subprocess.run([sys.executable, target, "x"], cwd=tmp_path, capture_output=True, text=True,
+                                timeout=TIMEOUT)
+        ours = subprocess.run([*RUN, target, "x"], cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
+        assert ours.returncode == python.returncode == 0, ours.stderr
+        assert ours.stdout == python.stdout == f"__main__ ['{target}', 'x']\n"
+        assert "TW900" not in ours.stderr and ": TW105 " in ours.stderr
+    # the doctor reads the folder's __main__.py (a zip file's members it cannot read)
+    ours = subprocess.run([*RUN, "app"], cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
+    assert re.search(r"^trainwise run: doctor: app/__main__\.py:8:\d+: TW105 ", ours.stderr, re.MULTILINE), ours.stderr

@@ -24,9 +24,9 @@ def _static(code: str, line: int, path: str = "train.py") -> Finding:
     return Finding(path=path, line=line, column=5, code=code, name="rule", message=f"static {code}")
 
 
-def _row(code: str, line: int, path: str = "train.py", rank: int = 0) -> dict:
+def _row(code: str, line: int, path: str = "train.py", rank: int = 0, callers: tuple[int, ...] = ()) -> dict:
     return {"code": code, "path": os.path.abspath(path), "line": line, "where": "(the model)", "step": 2,
-            "message": f"run {code}", "ranks": [rank]}
+            "message": f"run {code}", "ranks": [rank], "callers": [[os.path.abspath(path), n] for n in callers]}
 
 
 def _report(static: list[Finding], selection: Selection | None = None, fmt: str = "text") -> RunReport:
@@ -49,6 +49,45 @@ def test_static_and_runtime_findings_pair_at_the_same_line_then_nearest_in_the_s
         ("TW103", 30, "static", None),
         ("TW102", 40, "static", None),
     ]
+
+
+TRAIN = """\
+def step(optimizer):
+    optimizer.step()
+
+
+def train_old(model, optimizer):
+    total = 0
+    for batch in range(3):
+        total += model(batch)
+
+
+def train(model, optimizer):
+    total = 0
+    for batch in range(3):
+        loss = model(batch)
+        step(optimizer)
+        total += loss
+
+
+train(model, optimizer)
+"""
+
+
+def test_a_runtime_finding_confirms_the_static_one_on_the_code_path_that_ran(tmp_path, monkeypatch):
+    _start_in(tmp_path, monkeypatch)
+    (tmp_path / "train.py").write_text(TRAIN)
+    # the step is seen in step() (line 2), called from train() (line 15), called at line 19; the doctor names
+    # `total += ...` in train_old() (line 8, never called, nearer) and in train() (line 16)
+    static = [_static("TW102", 8), _static("TW102", 16)]
+    entries = _report(static)._entries([_row("TW102", 2, callers=(15, 19))])
+    assert sorted((e.line, e.found, e.run_line) for e in entries) == [(8, "static", None), (16, "both", 2)]
+    # in the same function as the line the run saw, the nearest line first; then the callers' functions
+    static = [_static("TW102", 8), _static("TW102", 12), _static("TW102", 16)]
+    rows = [_row("TW102", 7), _row("TW102", 2, callers=(15, 19))]
+    entries = _report(static)._entries(rows)
+    assert sorted((e.line, e.found, e.run_line) for e in entries) == [
+        (8, "both", 7), (12, "static", None), (16, "both", 2)]
 
 
 def test_each_format_holds_every_entry(tmp_path, monkeypatch):

@@ -3,7 +3,8 @@ on every model and optimizer it uses, after the doctor has read it.
 
 The script runs in this process: ``__name__ == "__main__"``, ``sys.argv``, ``sys.path[0]`` (the script's folder,
 symlinks resolved, or the current folder with ``-m``), stdin and stdout as ``python SCRIPT ARGS`` has them, and
-its exit status (an uncaught exception prints its traceback through ``sys.excepthook`` and exits 1). Everything
+its exit status (an uncaught exception prints its traceback through ``sys.excepthook`` and exits 1; a
+KeyboardInterrupt ends the process by SIGINT after the report, as python's ends). Everything
 trainwise says goes to stderr (or to ``--output``). Under torchrun every rank is guarded and the local rank 0
 reports for all (docs/run.md).
 """
@@ -11,6 +12,7 @@ reports for all (docs/run.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import runpy
 import sys
@@ -63,8 +65,11 @@ def run(args: argparse.Namespace) -> int:
     if args.check_every < 1:
         raise TrainwiseError(f"--check-every must be a positive integer, got {args.check_every}.")
     selection = run_report.Selection.parse(select=args.select, ignore=args.ignore, fail_on=args.fail_on)
+    archive = None if is_module else _main_importer(target)
+    if archive is not None and archive.find_spec("__main__") is None:
+        return _no_main(target)
     ranks = run_report.Ranks.from_environment()
-    source = _source_file(target) if is_module else target
+    source = _source_file(target) if is_module else _script_source(target, archive)
     static = []
     if not args.no_doctor and source is not None and ranks.reports:
         static = run_report.static_findings(source, selection)
@@ -72,12 +77,16 @@ def run(args: argparse.Namespace) -> int:
     report.before_run()
 
     from trainwise.guards.auto import AutoGuard
+    from trainwise.guards.user_code import UserCode
 
     auto = AutoGuard(codes=selection.guard_codes(), on_finding=report.live, check_every=args.check_every,
-                     stop_at=_execute.__code__)
-    status = _execute(target, script_args, is_module=is_module, auto=auto)
+                     stop_at=_execute.__code__, user_code=UserCode(_own_code(target, is_module)))
+    status = _execute(target, script_args, is_module=is_module, archive=archive is not None, auto=auto)
     auto.close()
-    return report.after_run(auto.findings, status)
+    if status == INTERRUPTED:
+        report.interrupted()
+    code = report.after_run(auto.findings, status)
+    return _die_of_sigint() if status == INTERRUPTED else code
 
 
 def _source_file(module: str) -> str | None:
@@ -94,35 +103,100 @@ def _source_file(module: str) -> str | None:
     return origin if origin and origin.endswith(".py") else None
 
 
-def _execute(target: str, argv: list[str], *, is_module: bool, auto: Any) -> int:
-    """Run the script or module as ``__main__`` with the guards on; its exit status as python gives it."""
+def _main_importer(target: str) -> Any:
+    """The importer python runs ``target``'s ``__main__`` from (a folder or a zip file), or None for a script
+    file, chosen as python chooses: by the path hooks."""
+    import pkgutil
+
+    return pkgutil.get_importer(target)
+
+
+def _no_main(target: str) -> int:
+    """A folder or zip file without ``__main__``: python's one line (the path as python names it), and its 1."""
+    path = target if os.path.isabs(target) else os.path.join(os.getcwd(), target)
+    print(f"trainwise run: can't find '__main__' module in {path!r}; name the script to run inside it, or add a "
+          "__main__.py.", file=sys.stderr)
+    return 1
+
+
+def _script_source(target: str, archive: Any) -> str | None:
+    """The .py file the doctor reads for ``target``: the script, a folder's ``__main__.py``, none in a zip file."""
+    if archive is None:
+        return target
+    main = os.path.join(target, "__main__.py")
+    return main if os.path.isfile(main) else None
+
+
+def _own_code(target: str, is_module: bool) -> list[str]:
+    """The files that are the user's code wherever they lie: the script, folder or zip file run, or with ``-m``
+    the top-level package (or module) of the module run, though it be installed."""
+    if not is_module:
+        return [target]
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(target.partition(".")[0])
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    return list(spec.submodule_search_locations or ([spec.origin] if spec.origin else []))
+
+
+# _execute's status for a script that a KeyboardInterrupt ended: the process then dies of SIGINT, as python's does
+INTERRUPTED = -2
+
+
+def _execute(target: str, argv: list[str], *, is_module: bool, archive: bool, auto: Any) -> int:
+    """Run the script or module as ``__main__`` with the guards on; its exit status as python gives it
+    (``INTERRUPTED`` for a KeyboardInterrupt)."""
     saved_argv, saved_path = sys.argv, list(sys.path)
     launcher = os.path.dirname(os.path.realpath(sys.argv[0])) if sys.argv and sys.argv[0] else None
-    first = os.getcwd() if is_module else os.path.dirname(os.path.realpath(target))
     if sys.path and launcher and os.path.realpath(sys.path[0] or ".") == launcher:
-        sys.path[0] = first  # the console script's folder is where python puts the script's
-    else:
-        sys.path.insert(0, first)
+        del sys.path[0]  # the console script's folder is where python puts the script's
+    if not archive:  # a folder or zip file: runpy puts it first, as python does
+        sys.path.insert(0, os.getcwd() if is_module else os.path.dirname(os.path.realpath(target)))
     sys.argv = [target, *argv]
     auto.install()
     try:
         if is_module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
-        elif os.path.isfile(target):
-            _run_file(target)
-        else:  # a folder or zip file with a __main__.py
+        elif archive:  # a folder or zip file with a __main__
             runpy.run_path(target, run_name="__main__")
+        else:
+            _run_file(target)
     except SystemExit as exc:
         return _exit_status(exc.code)
     except BaseException as exc:  # what python prints for an uncaught exception, from the script's frames on
         sys.stdout.flush()
         exc.__traceback__ = _user_traceback(exc.__traceback__)
         sys.excepthook(type(exc), exc, exc.__traceback__)
-        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+        return INTERRUPTED if type(exc) is KeyboardInterrupt else 1
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path + [p for p in sys.path if p not in saved_path]
     return 0
+
+
+def _die_of_sigint() -> int:
+    """End as python ends a script that a KeyboardInterrupt stopped: wait for the threads that are not daemons,
+    run the atexit handlers, flush the standard streams, then kill this process with SIGINT at its default
+    action, so that the parent sees it killed by SIGINT (a shell running a list of commands then stops too).
+    Where there is no such signal (Windows) the status is 130."""
+    import atexit
+    import signal
+    import threading
+
+    if os.name != "posix":
+        return 130
+    threading._shutdown()  # what the interpreter's own exit does first; later calls return at once
+    atexit._run_exitfuncs()  # the script's handlers (a logger's flush, a last checkpoint), then torch's
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # closed or replaced by the script
+            stream.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    return 130  # not reached unless the signal is blocked
 
 
 def _run_file(path: str) -> None:

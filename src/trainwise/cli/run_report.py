@@ -205,7 +205,8 @@ def _row(located: LocatedFinding) -> dict[str, Any]:
     place = located.place
     finding = located.finding
     return {"code": finding.code, "path": place.path if place else "", "line": place.line if place else 0,
-            "where": finding.where, "step": finding.step, "message": finding.message}
+            "where": finding.where, "step": finding.step, "message": finding.message,
+            "callers": [list(caller) for caller in place.callers] if place else []}
 
 
 class RunReport:
@@ -236,6 +237,12 @@ class RunReport:
         where = f"{finding.where}, " if finding.where else ""
         _say(f"{PREFIX} {place}: {finding.code} {finding.message} ({where}step {finding.step})")
 
+    def interrupted(self) -> None:
+        """Say that a KeyboardInterrupt ended the script, before the report (which holds what ran until then)."""
+        if self._says_as_found():
+            _say(f"{PREFIX} {self.target} was interrupted (KeyboardInterrupt): the report holds what ran until then; "
+                 "the process then ends by SIGINT, as python's does.")
+
     def _says_as_found(self) -> bool:
         return self.ranks.reports and (self.fmt == "text" or self.output is not None)
 
@@ -260,26 +267,20 @@ class RunReport:
         return 1 if status == 0 and failing else status
 
     def _entries(self, rows: list[dict[str, Any]]) -> list[Entry]:
-        """Static findings and runtime rows together. A pair with the same code, file and line is one entry; then
-        a static finding left and a runtime one left with the same code in the same file (the nearest line) are
-        one too: the doctor names the cause (``total += loss``), the run the line where it shows (the step)."""
+        """Static findings and runtime rows together: a static finding and the runtime one with the same code in
+        the same file on the code path that ran are one entry (:func:`run_pairing.pair`): the doctor names the
+        cause (``total += loss``), the run the line where it shows (the step)."""
+        from trainwise.cli.run_pairing import pair
         from trainwise.guards.auto import absolute_path
 
-        static = {(f.code, absolute_path(f.path), f.line): f for f in self.static}
-        entries, unmatched = [], []
-        for row in rows:
-            match = static.pop((row["code"], row["path"], row["line"]), None)
-            if match is None:
-                unmatched.append(row)
-            else:
-                entries.append(Entry(row["code"], row["path"], row["line"], row, match))
-        for (code, path, line), finding in sorted(static.items()):
-            near = [r for r in unmatched if r["code"] == code and r["path"] == path]
-            row = min(near, key=lambda r: abs(r["line"] - line)) if near else None
-            if row is not None:
-                unmatched.remove(row)
-            entries.append(Entry(code, path, line, row, finding))
-        entries += [Entry(row["code"], row["path"], row["line"], row, None) for row in unmatched]
+        static = list({(f.code, absolute_path(f.path), f.line): f for f in self.static}.values())  # one a place
+        pairs = pair(static, rows, absolute_path)
+        paired_static, paired_rows = {id(f) for f, _ in pairs}, {id(r) for _, r in pairs}
+        entries = [Entry(row["code"], row["path"], finding.line, row, finding) for finding, row in pairs]
+        entries += [Entry(f.code, absolute_path(f.path), f.line, None, f) for f in static
+                    if id(f) not in paired_static]
+        entries += [Entry(row["code"], row["path"], row["line"], row, None) for row in rows
+                    if id(row) not in paired_rows]
         entries.sort(key=lambda e: (e.found != "both", e.found != "run", e.path, e.line, e.code))
         return entries
 

@@ -4,7 +4,7 @@ around an unchanged script.
 A module called while no other module's forward runs is a root model. The first time one is seen, a
 :class:`~trainwise.guards.core.Guard` is attached to it, paired with the optimizer that holds its parameters (one
 found in the calling frames, or the first to step). Every check is the guard's own: this module only finds the
-objects and says where in the user's code each finding happened (the innermost frame outside torch and trainwise).
+objects and says where in the user's code each finding happened (its innermost frame: ``user_code.py``).
 While a guarded root's forward runs, the global forward hooks are out of torch's hook tables (the root's own
 hooks count its calls and put them back when it returns), so its submodules' calls cost nothing; a nested call
 of an unguarded root costs one global pre-hook and one global forward hook that return at once. An optimizer
@@ -32,16 +32,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from trainwise.guards.check import Check
 from trainwise.guards.core import Guard, GuardFinding
 from trainwise.guards.registry import check_classes
+from trainwise.guards.user_code import UserCode
 from trainwise.wrappers import model_layers, optimizer_layers
-
-
-def _package_dir(module: Any) -> str:
-    return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
-
-
-_TORCH_DIR = _package_dir(torch)
-_TRAINWISE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_RUNPY = os.path.abspath(sys.modules["runpy"].__file__) if "runpy" in sys.modules else "runpy.py"
 
 
 class _HookedGuard(Guard):
@@ -52,10 +44,12 @@ class _HookedGuard(Guard):
 
 @dataclasses.dataclass(frozen=True)
 class Place:
-    """A line of the user's code: its file (absolute) and line number."""
+    """A line of the user's code: its file (absolute) and line number; ``callers``, the lines of the user's frames
+    that called it, innermost first (the code path that ran; not part of the place's identity)."""
 
     path: str
     line: int
+    callers: tuple[tuple[str, int], ...] = dataclasses.field(default=(), compare=False)
 
     def shown(self) -> str:
         """``path:line``, the path relative to the current folder when it lies inside it."""
@@ -147,7 +141,9 @@ class AutoGuard:
     >>> auto.close()                                    # last checks; auto.findings lists them all
 
     ``codes``: the guard codes to run (all when None). ``stop_at``: the code object of the function that runs
-    the user's code (frames outside it are not the user's). Findings are kept once per code and place.
+    the user's code (frames outside it are not the user's). ``user_code``: tells whether a file is the user's
+    (default :class:`~trainwise.guards.user_code.UserCode`: not torch, trainwise, the standard library or an
+    installed package). Findings are kept once per code and place.
     """
 
     def __init__(
@@ -157,6 +153,7 @@ class AutoGuard:
         on_finding: Callable[[LocatedFinding], None] | None = None,
         check_every: int = 50,
         stop_at: CodeType | None = None,
+        user_code: Callable[[str], bool] | None = None,
     ) -> None:
         self.classes = check_classes(codes)
         self.codes = [cls.code for cls in self.classes]
@@ -173,7 +170,7 @@ class AutoGuard:
         self._roots: list[_Root] = []
         self._optimizers: dict[int, tuple[weakref.ref[Any], weakref.ref[Any]]] = {}  # inner -> (inner, given)
         self._stepped: dict[int, weakref.ref[Any]] = {}  # the optimizers that have stepped
-        self._skip: dict[str, bool] = {}  # file name -> not the user's
+        self._users = user_code or UserCode()
         self._handles: list[Any] = []
         # the root module whose forward runs, its re-entries seen by the global hooks, and its depth counted by
         # its own hooks (a guarded root's: the global hooks step aside while it runs)
@@ -440,26 +437,20 @@ class AutoGuard:
             self.on_finding(located)
 
     def _skipped(self, filename: str) -> bool:
-        skip = self._skip.get(filename)
-        if skip is None:
-            skip = self._skip[filename] = (
-                filename.startswith((_TORCH_DIR, _TRAINWISE_DIR, "<frozen")) or os.path.abspath(filename) == _RUNPY)
-        return skip
+        return not self._users(filename)
 
     def _place(self) -> Place | None:
-        """The innermost frame of the user's code on the stack (inside ``stop_at`` when given), or None."""
+        """The innermost frame of the user's code on the stack (inside ``stop_at`` when given) with the user's
+        frames that called it, or None."""
         frame: FrameType | None = sys._getframe(1)
-        found: Place | None = None
-        while frame is not None:
-            code = frame.f_code
-            if code is self.stop_at:
-                return found
-            if found is None and not self._skipped(code.co_filename):
-                found = Place(os.path.abspath(code.co_filename), frame.f_lineno)
-                if self.stop_at is None:
-                    return found
+        lines: list[tuple[str, int]] = []
+        while frame is not None and frame.f_code is not self.stop_at:
+            if not self._skipped(frame.f_code.co_filename):
+                lines.append((os.path.abspath(frame.f_code.co_filename), frame.f_lineno))
             frame = frame.f_back
-        return None if self.stop_at is not None else found
+        if not lines or (frame is None and self.stop_at is not None):  # not called from the user's code
+            return None
+        return Place(*lines[0], callers=tuple(lines[1:]))
 
 
 def _forgetting(table: dict[int, Any], value: Any) -> weakref.ref[Any]:
