@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import sys
 import types
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from trainwise.errors import TrainwiseError, show
+from trainwise.errors import TrainwiseError, first_line, show
 
 EVENTS = ("on_fit_start", "on_epoch_start", "on_step_end", "on_validation_end", "on_epoch_end", "on_fit_end")
 _RESERVED = ("kind", "epoch", "step")
@@ -100,7 +101,8 @@ class TrainingState:
 
     def log(self, name: str, value: Any) -> None:
         """Log a metric at the current step: in ``metrics.jsonl``, every tracker, and, from
-        ``on_validation_end``, the epoch's record. A tensor is read here (one device sync)."""
+        ``on_validation_end``, the epoch's record. A tensor is read here (one device sync). A value no float
+        holds (``10**400``) is refused in one sentence rather than logged as inf, which would lose it unsaid."""
         if not isinstance(name, str) or not name or name in _RESERVED:
             raise TrainwiseError(f"a callback metric needs a name other than {', '.join(_RESERVED)}, got {show(name)}.")
         try:
@@ -108,6 +110,10 @@ class TrainingState:
         except (TypeError, ValueError, RuntimeError):
             raise TrainwiseError(f"callback metric {name} must be a number or a one-element tensor, got "
                                  f"{type(value).__name__}.") from None
+        except OverflowError:  # refused rather than logged as inf: the value would be silently lost
+            what = f"an integer of {value.bit_length()} bits" if isinstance(value, int) else show(value)
+            raise TrainwiseError(f"callback metric {name} is {what}, too large for a float (at most about 1.8e308); "
+                                 "log a scaled value, such as math.log10 of it.") from None
         self._logged[name] = number
 
     def request_stop(self, reason: str = "a callback asked to stop", *, message: str | None = None) -> None:
@@ -162,26 +168,77 @@ class CallbackList:
         if handlers and users:
             with self.context():
                 for handler in handlers:
-                    handler(state)
+                    try:
+                        handler(state)
+                    except Exception as exc:  # it ends the run: the end record names it (see fire_naming)
+                        _name(exc, handler, event)
+                        raise
         for handler in self.after[event]:
             handler(state)
         return state.take_logged() if state._logged else {}
 
     def fire_naming(self, event: str) -> None:
-        """:meth:`fire` whose error names the callback that raised it (``trainwise_callback`` on the exception:
-        ``"MyCallback.on_fit_end"``); nothing is logged after it."""
+        """:meth:`fire` for the run's last event, ``on_fit_end``: every handler is called even after one raised
+        (each callback gets its end; the later ones see ``state.status == "failed"``), and each error names its
+        callback (``trainwise_callback`` on the exception: ``"MyCallback.on_fit_end"``). The first is raised,
+        unless the run is already failing with another error; the error that reaches the user gets a note for
+        each other callback error, and the run folder is told which callback's error ended the run and every
+        other one (the end record's ``callback`` and ``also_failed``). Nothing is logged after it."""
+        state = self.state
+        # the error the run is failing with (its end record's "error"), raised before this event
+        ending = sys.exc_info()[1] if state.status == "failed" else None
+        raised: list[BaseException] = []
         with self.context():
             for handler in [*self.before[event], *self.handlers[event], *self.after[event]]:
                 try:
-                    handler(self.state)
-                except BaseException as exc:
-                    owner = getattr(handler, "__self__", None)
-                    name = (f"{type(owner).__name__}.{event}" if owner is not None
-                            else getattr(handler, "__qualname__", "a callback"))
-                    with contextlib.suppress(AttributeError, TypeError):  # an exception that takes no attribute
-                        exc.trainwise_callback = name  # type: ignore[attr-defined]
+                    handler(state)
+                except Exception as exc:
+                    _name(exc, handler, event)
+                    raised.append(exc)
+                    state.status = "failed"
+                except BaseException as exc:  # Ctrl-C or an exit: nothing more is called
+                    _name(exc, handler, event)
                     raise
-        self.state.take_logged()
+        shown = ending if ending is not None else raised[0] if raised else None
+        others = [exc for exc in raised if exc is not shown]
+        for exc in others:
+            _add_note(shown, f"{getattr(exc, 'trainwise_callback', 'a callback')} also raised "
+                             f"{type(exc).__name__}: {first_line(exc)}")
+        cause = getattr(shown, "trainwise_callback", None)
+        _tell_folder(state, cause, others)
+        if ending is None and raised:
+            raise raised[0]
+        state.take_logged()
+
+
+def _name(exc: BaseException, handler: Any, event: str) -> None:
+    """Set ``trainwise_callback`` on ``exc``, the name of the callback that raised it (the first one set stays)."""
+    if getattr(exc, "trainwise_callback", None) is not None:
+        return
+    owner = getattr(handler, "__self__", None)
+    name = f"{type(owner).__name__}.{event}" if owner is not None else getattr(handler, "__qualname__", "a callback")
+    with contextlib.suppress(AttributeError, TypeError):  # an exception that takes no attribute
+        exc.trainwise_callback = name  # type: ignore[attr-defined]
+
+
+def _add_note(exc: BaseException | None, note: str) -> None:
+    """``exc.add_note(note)``; on Python 3.10 the note is kept in ``__notes__`` without being printed."""
+    if exc is None:
+        return
+    with contextlib.suppress(AttributeError, TypeError):
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        else:  # pragma: no cover - Python 3.10
+            exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+
+
+def _tell_folder(state: TrainingState, cause: str | None, others: list[BaseException]) -> None:
+    """Give the run folder what its end record says of the callbacks: the one whose error ended the run, and
+    every other callback error, none lost (see :meth:`RunFolder.callbacks_ended`)."""
+    folder = getattr(state.fit, "folder", None)
+    if folder is None or (cause is None and not others):  # a TrainingState without a run; nothing to say
+        return
+    folder.callbacks_ended(cause, [(getattr(exc, "trainwise_callback", "a callback"), exc) for exc in others])
 
 
 def callback_metrics(logged: dict[str, float], record: dict[str, float]) -> dict[str, float]:

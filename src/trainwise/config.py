@@ -106,6 +106,10 @@ class TrainerConfig:
             raise TrainwiseError(
                 f"dist_timeout must be a positive number of seconds up to {_MAX_TIMEOUT:.0f}, got {self.dist_timeout}."
             )
+        if self.overwrite and self.run_dir is not None:
+            from trainwise.runlog import refuse_overwriting_the_current_folder
+
+            refuse_overwriting_the_current_folder(self.run_dir)
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise TrainwiseError(f"max_grad_norm must be positive or unset, got {self.max_grad_norm}.")
         from trainwise.interrupts import preempt_signal_names

@@ -14,7 +14,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from trainwise.errors import TrainwiseError
+from trainwise.errors import TrainwiseError, show
 from trainwise.run_folder import CONFIG, LOCK, LOG, RUN_ID_KEY, RunFolder, new_run_id, open_regular
 
 LOCK_NAME = LOCK
@@ -304,6 +304,8 @@ def open_run(
     from trainwise.distributed import broadcast_object, is_main_process, run_on_main
 
     folder = Path(broadcast_object(str(Path(run_dir) if run_dir else default_run_dir())))  # rank 0's clock
+    if overwrite:
+        refuse_overwriting_the_current_folder(folder)  # before the lock: nothing written yet
     lock = lock_run_folder(folder)  # one writer per run folder; checks it is writable
     try:
         moved = run_on_main(lambda: _make_room(folder, resume, overwrite))
@@ -351,8 +353,25 @@ def prepare_run_folder(
 ) -> Path | None:
     """Before writing anything into ``folder``: refuse another run in it (one sentence), or with
     ``overwrite`` move that run into a sibling folder (returned); holds the folder's lock meanwhile."""
+    if overwrite:
+        refuse_overwriting_the_current_folder(folder)
     with RunLock(folder):
         return _make_room(Path(folder), resume, overwrite)
+
+
+def refuse_overwriting_the_current_folder(run_dir: str | os.PathLike[str]) -> None:
+    """Refuse ``overwrite=True`` for a ``run_dir`` that is the current folder or holds it (``"."``, ``".."``,
+    ``"/"``): moving the old run aside would move every file there, the user's own scripts too."""
+    try:
+        folder, here = Path(run_dir).resolve(), Path.cwd().resolve()
+    except (OSError, RuntimeError):  # no current folder (deleted), a symlink loop: nothing to protect here
+        return
+    if folder == here or folder in here.parents:
+        relation = "is" if folder == here else "holds"
+        raise TrainwiseError(
+            f"run_dir={show(str(run_dir))} {relation} the current folder, and overwrite=True would move everything "
+            "in it aside, your own files too; pass a run_dir of its own, such as run_dir='runs/exp1'."
+        )
 
 
 def _make_room(folder: Path, resume: Any, overwrite: bool) -> Path | None:
@@ -364,12 +383,15 @@ def _make_room(folder: Path, resume: Any, overwrite: bool) -> Path | None:
             f"run folder {folder} already holds a run; pass resume='auto' to continue it, another run_dir, or "
             "overwrite=True to move the old run aside."
         )
+    # named after the folder with its ".." parts taken out ("runs/a/.." is "runs"); the current folder and those
+    # holding it were refused before the lock was taken
+    named = Path(os.path.normpath(folder))
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    aside = folder.with_name(f"{folder.name}.previous-{stamp}")
+    aside = named.with_name(f"{named.name}.previous-{stamp}")
     suffix = 1
     while aside.exists():
         suffix += 1
-        aside = folder.with_name(f"{folder.name}.previous-{stamp}-{suffix}")
+        aside = named.with_name(f"{named.name}.previous-{stamp}-{suffix}")
     aside.mkdir(parents=True)
     for entry in folder.iterdir():
         if entry.name != LOCK_NAME:

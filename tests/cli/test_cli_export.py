@@ -378,3 +378,41 @@ def test_export_outputs_selects_fields_and_the_refusal_names_the_flag(tmp_path, 
     assert main(["predict", "h.pt2", "x.npy", "--output", "out.npz"]) == 0
     with np.load(tmp_path / "out.npz") as saved:
         assert sorted(saved.files) == ["features", "logits"] and saved["logits"].shape == (3, 3)
+
+
+def test_an_example_that_would_not_fit_in_memory_is_one_sentence(tmp_path, monkeypatch, capfd):
+    """Before (issue 48, item 10): ``--example-shape 100000,100000,100000`` ended in torch's allocator
+    traceback (it tried to allocate 4 PB for the example)."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["export", "--model", "trainwise.demo:make_model", "--example-shape"]
+    assert main([*argv, "100000,100000,100000"]) == 2
+    line = _one_line_error(capfd)
+    assert line.startswith("trainwise export: error: --example-shape 100000,100000,100000 makes a float32 example "
+                           "of 3.6 PiB, more than the ")
+    assert line.endswith(" of memory available here; pass a smaller --example-shape.")
+    assert main([*argv, "1000000000,1000,1000", "--example-dtype", "int64"]) == 2
+    line = _one_line_error(capfd)
+    assert "makes an int64 example of 7.1 PiB" in line
+    assert line.endswith("; pass the shape of one small batch, such as 1,1000,1000 (the batch dimension stays free "
+                         "in the artifact).")
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_output_without_a_suffix_never_replaces_an_unrelated_file_with_its_sidecar(tmp_path, monkeypatch, capfd):
+    """Before (issue 48, item 10): ``--output model`` wrote the sidecar to ``model.json``, silently replacing
+    the user's own file of that name."""
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "model.json"
+    mine.write_text('{"layers": 4, "note": "my own model config"}\n')
+    before = mine.read_bytes()
+    assert main(["export", "--demo", "--output", "model"]) == 2
+    assert _one_line_error(capfd) == (
+        "trainwise export: error: the sidecar of model would be model.json, which exists and is not a sidecar "
+        "trainwise export wrote; give the artifact a suffix, such as model.pt2, or move model.json away.")
+    assert mine.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["model.json"]
+    mine.unlink()
+    for _ in range(2):  # the sidecar an export wrote is its own: the next export replaces it
+        assert main(["export", "--demo", "--output", "model"]) == 0
+        capfd.readouterr()
+    assert json.loads(mine.read_text())["artifact"] == "model"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model.json"]

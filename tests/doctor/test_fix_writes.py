@@ -145,17 +145,95 @@ def test_diff_hunks_count_lines_as_python_does(here, capsys):
 
 
 # ------------------------------------------------------------------------------------------------ atomic writes
-def test_permission_bits_and_symbolic_links_are_kept(here, capsys):
+def test_permission_bits_are_kept(here, capsys):
     script = here / "run.py"
     script.write_text("#!/usr/bin/env python\n" + FIXABLE)
     script.chmod(0o751)
-    link = here / "link.py"
-    link.symlink_to(script)
-    code, _, _ = _run(["--fix", "link.py"], capsys)
+    code, _, _ = _run(["--fix", "run.py"], capsys)
     assert code == 0
-    assert link.is_symlink() and os.readlink(link) == str(script)
     assert script.read_text() == "#!/usr/bin/env python\n" + FIXED
     assert stat.S_IMODE(script.stat().st_mode) == 0o751
+
+
+# ------------------------------------------------------------------------------------------------ links
+def _victim(here):
+    """``elsewhere/victim.py``, outside the project, fixable: what a link in the project points to."""
+    (here / "elsewhere").mkdir()
+    victim = here / "elsewhere" / "victim.py"
+    victim.write_text(FIXABLE)
+    (here / "project").mkdir()
+    return victim
+
+
+def test_fix_never_writes_through_a_link_out_of_the_folder_it_was_given(here, capsys):
+    """Before (issue 48, item 11): ``project/link.py -> ../elsewhere/victim.py`` and ``--fix --unsafe-fixes
+    project`` rewrote the victim, outside the folder named on the command line."""
+    victim = _victim(here)
+    (here / "project" / "link.py").symlink_to(os.path.join("..", "elsewhere", "victim.py"))
+    (here / "project" / "train.py").write_text(FIXABLE)
+    code, out, err = _run(["--fix", "--unsafe-fixes", "project"], capsys)
+    assert code == 1  # the link's finding is still there
+    assert victim.read_text() == FIXABLE
+    assert os.readlink(here / "project" / "link.py") == os.path.join("..", "elsewhere", "victim.py")
+    assert (here / "project" / "train.py").read_text() == FIXED  # the regular file inside is fixed
+    assert err == ("trainwise doctor: skipped project/link.py: it is a symbolic link (to ../elsewhere/victim.py); "
+                   "--fix rewrites only regular files inside the paths it is given.\n")
+    assert "project/link.py:3:" in out and "Fixed 1 problem in 1 file." in out
+    assert sorted(p.name for p in (here / "elsewhere").iterdir()) == ["victim.py"]
+
+
+def test_fix_never_writes_through_a_linked_folder_out_of_the_folder_it_was_given(here, capsys):
+    victim = _victim(here)
+    (here / "project" / "vendor").symlink_to(os.path.join("..", "elsewhere"))
+    code, _, err = _run(["--fix", "project"], capsys)
+    assert code == 1 and victim.read_text() == FIXABLE
+    assert err == ("trainwise doctor: skipped project/vendor/victim.py: it is reached through a symbolic link, "
+                   "outside project; --fix rewrites only regular files inside the paths it is given.\n")
+    # the folder it points to, named itself, is fixed
+    assert _run(["--fix", "elsewhere"], capsys)[0] == 0 and victim.read_text() == FIXED
+
+
+def test_a_link_named_on_the_command_line_is_skipped_and_its_file_fixed_when_named(here, capsys):
+    """``doctor --fix *.py`` names every link the glob matches: a link is never followed, named or found."""
+    victim = _victim(here)
+    (here / "link.py").symlink_to(victim)
+    code, _, err = _run(["--fix", "link.py"], capsys)
+    assert code == 1 and victim.read_text() == FIXABLE and (here / "link.py").is_symlink()
+    assert err.startswith(f"trainwise doctor: skipped link.py: it is a symbolic link (to {victim}); ")
+    code, out, err = _run(["--diff", "link.py"], capsys)  # --diff shows what --fix would do: nothing
+    assert out == "" and err.startswith("trainwise doctor: skipped link.py:")
+    assert _run(["--fix", str(victim)], capsys)[0] == 0 and victim.read_text() == FIXED
+
+
+def test_a_file_replaced_by_a_link_between_reading_and_writing_is_not_followed(here, capsys, monkeypatch):
+    """The file is read, fixed in memory, then swapped for a link to a victim before the write: the victim
+    stays as it was, and so does the link."""
+    victim = _victim(here)
+    script = here / "project" / "train.py"
+    script.write_text(FIXABLE)
+    real = fix_module.apply_fixes
+
+    def apply_then_swap(source, fixes):
+        result = real(source, fixes)
+        script.unlink()
+        script.symlink_to(victim)
+        return result
+
+    monkeypatch.setattr(fix_module, "apply_fixes", apply_then_swap)
+    code, _, err = _run(["--fix", "project"], capsys)
+    assert victim.read_text() == FIXABLE and script.is_symlink() and os.readlink(script) == str(victim)
+    assert code == 1 and err.startswith("trainwise doctor: skipped project/train.py: it is a symbolic link (to ")
+
+
+def test_write_fixed_replaces_a_link_instead_of_writing_through_it(here):
+    """The write itself: a new file renamed over the name, so a link put there at the last moment is replaced,
+    never followed (the check before it says why it was skipped; this is what is left if it loses the race)."""
+    victim = _victim(here)
+    link = here / "project" / "train.py"
+    link.symlink_to(victim)
+    fix_module.write_fixed(str(link), FIXED.encode())
+    assert victim.read_text() == FIXABLE
+    assert not link.is_symlink() and link.read_text() == FIXED
 
 
 def _io_module():

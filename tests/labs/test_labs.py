@@ -74,3 +74,38 @@ def test_the_doctor_and_the_guards_point_to_the_lab(capsys):
     finding = GuardFinding(code="TW102", step=3, message="a graph is kept", where="")
     assert "trainwise lab kept-graph" in str(finding)
     assert lab_for_code("TW999") is None
+
+
+def _without_permission_override() -> list[str]:
+    """The command prefix that runs a process bound by permission bits: as it is for a user, through setpriv
+    with the two capabilities that let root pass them dropped for root (skipped without setpriv)."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to drop root's permission override")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+
+
+@pytest.mark.parametrize("inside", ["", "inner"])
+def test_a_plot_folder_under_an_unreadable_folder_is_one_line(tmp_path, inside):
+    """Before (issue 48, item 10, reported twice): ``--plot DIR`` under a folder without search permission
+    ended in pathlib's PermissionError traceback (``Path.exists`` raises it) before any lab ran."""
+    pytest.importorskip("matplotlib")
+    locked = tmp_path / "locked"
+    (locked / "inner").mkdir(parents=True)
+    locked.chmod(0)
+    target = locked / inside / "plots" if inside else locked / "plots"
+    try:
+        out = subprocess.run([*_without_permission_override(), sys.executable, "-m", "trainwise", "lab", "accuracy",
+                              "--plot", str(target)], capture_output=True, text=True, timeout=300)
+    finally:
+        locked.chmod(0o755)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines() == [
+        f"trainwise lab: error: --plot {target} cannot be reached (Permission denied); choose a folder you can "
+        "write to."]
+    assert out.stdout == ""  # refused before any lab ran
+    assert sorted(p.name for p in locked.iterdir()) == ["inner"] and not any((locked / "inner").iterdir())

@@ -133,6 +133,9 @@ def test_a_callback_that_would_never_run_is_one_sentence(tmp_path, callback, mes
     ("val_loss", 1.0, "a callback logged val_loss, which the Trainer already logs this epoch"),
     ("step", 1.0, "a callback metric needs a name other than kind, epoch, step"),
     ("f1", "high", "callback metric f1 must be a number or a one-element tensor, got str."),
+    # before (issue 48, item 10): float() raised OverflowError from inside trainwise
+    pytest.param("count", 10**400, "callback metric count is an integer of 1329 bits, too large for a float (at "
+                 "most about 1.8e308); log a scaled value, such as math.log10 of it.", id="count-10**400"),
 ])
 def test_a_bad_callback_metric_is_one_sentence(tmp_path, name, value, message):
     class Logs(Callback):
@@ -157,3 +160,70 @@ def test_an_unused_step_event_costs_nothing_per_step(tmp_path):
 
     listed = CallbackList([EpochOnly()], TrainingState(None, 1))
     assert not listed.step_end and listed.handlers["on_step_end"] == []
+
+
+class ReportBroken(Callback):
+    def on_epoch_end(self, state):
+        raise ValueError("the epoch report could not be written")
+
+
+class SummaryBroken(Callback):
+    def __init__(self):
+        self.seen = None
+
+    def on_fit_end(self, state):
+        self.seen = state.status
+        raise RuntimeError("the summary could not be sent")
+
+
+class UploadBroken(Callback):
+    def __init__(self):
+        self.seen = None
+
+    def on_fit_end(self, state):
+        self.seen = state.status
+        raise KeyError("no bucket")
+
+
+def test_the_end_record_names_the_callback_that_failed_first_and_keeps_the_second_error(tmp_path):
+    """Before (issue 48, item 10): an on_epoch_end that raised, then an on_fit_end that raised too, gave an end
+    record naming SummaryBroken.on_fit_end beside ReportBroken's error, and SummaryBroken's error was nowhere."""
+    with pytest.raises(ValueError, match="the epoch report could not be written") as info:
+        _trainer(tmp_path, callbacks=[ReportBroken(), SummaryBroken()]).fit(lambda: nn.Linear(8, 2), _data())
+    end = read_log(tmp_path / "run")[-1]
+    assert end["kind"] == "end" and end["status"] == "failed"
+    assert end["callback"] == "ReportBroken.on_epoch_end"
+    assert end["error"] == "ValueError: the epoch report could not be written"
+    assert end["also_failed"] == [{"callback": "SummaryBroken.on_fit_end",
+                                   "error": "RuntimeError: the summary could not be sent"}]
+    assert getattr(info.value, "__notes__", []) == [
+        "SummaryBroken.on_fit_end also raised RuntimeError: the summary could not be sent"]
+
+
+def test_every_on_fit_end_runs_and_each_error_is_kept(tmp_path):
+    """Before: the second callback's on_fit_end was never called once the first had raised."""
+    summary, upload = SummaryBroken(), UploadBroken()
+    with pytest.raises(RuntimeError, match="the summary could not be sent") as info:
+        _trainer(tmp_path, callbacks=[summary, upload]).fit(lambda: nn.Linear(8, 2), _data())
+    assert (summary.seen, upload.seen) == ("finished", "failed")  # the second is told the run failed
+    end = read_log(tmp_path / "run")[-1]
+    assert end["status"] == "failed" and end["callback"] == "SummaryBroken.on_fit_end"
+    assert end["error"] == "RuntimeError: the summary could not be sent"
+    assert end["also_failed"] == [{"callback": "UploadBroken.on_fit_end", "error": "KeyError: 'no bucket'"}]
+    assert getattr(info.value, "__notes__", []) == ["UploadBroken.on_fit_end also raised KeyError: 'no bucket'"]
+
+
+def test_a_callback_error_after_another_failure_is_kept_without_taking_its_place(tmp_path):
+    """The run fails in the model (no callback's fault); an on_fit_end that raises then is kept as also_failed,
+    and the record names no callback as the cause."""
+    class Broken(nn.Linear):
+        def forward(self, x):
+            raise ArithmeticError("the model is broken")
+
+    with pytest.raises(ArithmeticError, match="the model is broken"):
+        _trainer(tmp_path, callbacks=[SummaryBroken()]).fit(Broken(8, 2), _data())
+    end = read_log(tmp_path / "run")[-1]
+    assert end["status"] == "failed" and "callback" not in end
+    assert end["error"] == "ArithmeticError: the model is broken"
+    assert end["also_failed"] == [{"callback": "SummaryBroken.on_fit_end",
+                                   "error": "RuntimeError: the summary could not be sent"}]

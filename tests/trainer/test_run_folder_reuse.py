@@ -8,6 +8,7 @@ described the new run while metrics.jsonl mixed both.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -111,3 +112,40 @@ def test_a_copied_run_folder_never_writes_into_nor_prunes_the_originals_checkpoi
     shutil.rmtree(b)
     _fit(c, 5, checkpoint_every=2, keep_last=1, resume="auto")
     assert max(_checkpoint_files(big)) > max(before)
+
+
+def _snapshot(folder):
+    """Every entry under ``folder`` (hidden ones too) with its bytes and modification time."""
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize(("run_dir", "cwd"), [(".", "."), ("..", "src"), ("src/..", ".")])
+@pytest.mark.parametrize("when", ["construction", "fit"])
+def test_overwrite_of_the_current_folder_is_refused_before_anything_is_written(tmp_path, monkeypatch, run_dir, cwd,
+                                                                                when):
+    """Before (issue 48, item 10): ``Trainer(run_dir=".", overwrite=True)`` in a folder holding a run failed
+    inside fit with pathlib's ``ValueError: PosixPath('.') has an empty name``, after it had taken (and left) the
+    folder's lock; had it gone on, every file of the user's project would have been moved aside."""
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "train.py").write_text("# the user's script\n")
+    (project / "src" / "model.py").write_text("# the user's model\n")
+    (project / "metrics.jsonl").write_text('{"kind": "start"}\n')  # an earlier run's log, no lock file
+    before = _snapshot(project)
+    message = ("is the current folder, and overwrite=True would move everything in it aside" if run_dir != ".."
+               else "holds the current folder, and overwrite=True would move everything in it aside")
+    if when == "construction":
+        monkeypatch.chdir(project / cwd)
+        with pytest.raises(TrainwiseError, match=message):
+            Trainer(epochs=1, run_dir=run_dir, overwrite=True)
+    else:  # made elsewhere with the project's full path; fit runs after a chdir into the project
+        monkeypatch.chdir(tmp_path)
+        trainer = Trainer(epochs=1, batch_size=8, device="cpu", progress="off", plot=False,
+                          run_dir=os.path.join(project, cwd, run_dir), overwrite=True)
+        monkeypatch.chdir(project / cwd)
+        data = TensorDataset(torch.randn(16, 4), torch.randint(0, 3, (16,)))
+        with pytest.raises(TrainwiseError, match=message):
+            trainer.fit(nn.Linear(4, 3), data)
+    assert _snapshot(project) == before  # nothing moved, written or locked
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project"]  # nothing moved beside it

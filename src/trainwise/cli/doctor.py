@@ -93,9 +93,10 @@ def _run(args: argparse.Namespace) -> int:
     for path in args.paths:  # a typo on the command line is a usage error; an unreadable file is a finding
         if not os.path.lexists(path):
             raise TrainwiseError(f"{printable(path)} does not exist; check the path.")
-    results = engine.check_paths(args.paths or ["."], config)
+    given = args.paths or ["."]
+    results = engine.check_paths(given, config)
     if args.fix or args.diff:
-        return _fix(results, config, args)
+        return _fix(results, config, args, given)
     findings = [f for r in results for f in r.findings]
     render(findings, _Out(sys.stdout), fmt=args.format, files=len(results))
     return 1 if findings else 0
@@ -119,11 +120,20 @@ class _Out:
         self._stream.flush()
 
 
-def _fix(results: list, config: Any, args: argparse.Namespace) -> int:
-    """Apply (or with --diff, show) the fixes; then report what is left."""
+def _fix(results: list, config: Any, args: argparse.Namespace, given: list[str]) -> int:
+    """Apply (or with --diff, show) the fixes to the regular files inside ``given``, the paths on the command
+    line (a link, or a file reached through one out of them, is skipped and named); then report what is left."""
     from trainwise.doctor import engine
-    from trainwise.doctor.fix import apply_fixes, fixes_to_apply, import_libcst, unified_diff, write_fixed
+    from trainwise.doctor.fix import (
+        apply_fixes,
+        fixes_to_apply,
+        import_libcst,
+        refusal_to_rewrite,
+        unified_diff,
+        write_fixed,
+    )
     from trainwise.doctor.report import render
+    from trainwise.errors import printable
 
     import_libcst()
     remaining = []
@@ -136,6 +146,12 @@ def _fix(results: list, config: Any, args: argparse.Namespace) -> int:
             continue
         new_source, applied = apply_fixes(result.source, fixes)
         if not applied or new_source == result.source:
+            remaining.extend(result.findings)
+            continue
+        refusal = refusal_to_rewrite(result.path, given)  # asked as late as possible: just before the write
+        if refusal is not None:
+            print(f"trainwise doctor: skipped {printable(result.path)}: {refusal}; --fix rewrites only regular files "
+                  "inside the paths it is given.", file=sys.stderr)
             remaining.extend(result.findings)
             continue
         fixed += applied

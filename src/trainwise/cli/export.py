@@ -100,6 +100,7 @@ def run_export(args: argparse.Namespace) -> int:
     if shape_text is None:
         raise TrainwiseError("pass --example-shape, the input's shape with the batch first, e.g. 1,3,32,32.")
     shape = parse_shape(shape_text)
+    refuse_an_example_too_large(shape_text, shape, args.example_dtype, free_batch=not args.static_batch)
     kwargs = _model_kwargs(args.model_kwargs)
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     if checkpoint is not None and not os.path.lexists(checkpoint):
@@ -222,6 +223,59 @@ def parse_shape(text: str) -> tuple[int, ...]:
             "e.g. 1,3,32,32."
         )
     return shape
+
+
+def refuse_an_example_too_large(text: str, shape: tuple[int, ...], dtype_name: str, *, free_batch: bool) -> None:
+    """An example tensor larger than the memory available here is one sentence with its size, before anything
+    is allocated (torch's allocator would fail with a traceback, or the system kill the process)."""
+    import math
+
+    import torch
+
+    itemsize = torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
+    size = math.prod(shape) * itemsize
+    available = available_memory()
+    if available is None or size <= available:
+        return
+    if shape[0] > 1 and size // shape[0] <= available:
+        fix = f"pass the shape of one small batch, such as {','.join(map(str, (1, *shape[1:])))}"
+        fix += " (the batch dimension stays free in the artifact)" if free_batch else ""
+    else:
+        fix = "pass a smaller --example-shape"
+    raise TrainwiseError(f"--example-shape {text} makes {with_article(dtype_name)} example of {_bytes_text(size)}, "
+                         f"more than the {_bytes_text(available)} of memory available here; {fix}.")
+
+
+# a container's memory limit and what it uses: cgroup v2, then v1 (where "no limit" is a huge number)
+_CGROUP_MEMORY = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                  ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate: the system's available memory (Linux ``MemAvailable``, else the
+    physical memory), less under a container's memory limit; None where neither can be read."""
+    found = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as file:
+            found += [int(line.split()[1]) * 1024 for line in file if line.startswith("MemAvailable:")]
+    except (OSError, ValueError, IndexError):
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            found.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    for limit, usage in _CGROUP_MEMORY:
+        with contextlib.suppress(OSError, ValueError):  # "max" (no limit) is not a number
+            found.append(int(Path(limit).read_text()) - int(Path(usage).read_text()))
+            break
+    return max(0, min(found)) if found else None
+
+
+def _bytes_text(size: int) -> str:
+    """``4_000_000_000_000_000`` -> ``"3.6 PiB"``."""
+    value, unit = float(size), "bytes"
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024 or unit == "EiB":
+            break
+        value /= 1024
+    return f"{size} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
 
 
 def example_input(shape: tuple[int, ...], dtype_name: str) -> Any:

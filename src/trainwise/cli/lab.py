@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,7 @@ def run(args: argparse.Namespace) -> int:
     folder = None
     if args.plot is not None:
         folder = Path(args.plot)
-        if folder.exists() and not folder.is_dir():
-            raise TrainwiseError(f"--plot {folder} is a file, not a folder; choose a folder.")
+        _refuse_a_file(folder)
         try:
             import matplotlib  # noqa: F401
         except ImportError:
@@ -48,6 +48,22 @@ def run(args: argparse.Namespace) -> int:
     for lab in labs:
         failed += _run_one(lab, folder, as_json=args.json)
     return 1 if failed else 0
+
+
+def _refuse_a_file(folder: Path) -> None:
+    """A ``--plot`` path that is a file, or that cannot be looked at (a folder above it without search
+    permission), is one sentence before any lab runs; a missing one is made later."""
+    from trainwise.errors import TrainwiseError
+
+    try:
+        st = folder.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return  # made (or refused in one sentence) by _make_folder
+    except OSError as exc:  # Path.exists() raises PermissionError here
+        raise TrainwiseError(f"--plot {folder} cannot be reached ({exc.strerror or type(exc).__name__}); choose a "
+                             "folder you can write to.") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise TrainwiseError(f"--plot {folder} is a file, not a folder; choose a folder.")
 
 
 def _make_folder(folder: Path) -> None:

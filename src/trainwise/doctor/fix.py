@@ -10,12 +10,13 @@ import ast
 import difflib
 import errno
 import os
+import stat
 from collections.abc import Sequence
 from typing import Any
 
 from trainwise.doctor.rule import Finding, Fix
 from trainwise.doctor.text import LINE_BREAK, split_lines
-from trainwise.errors import TrainwiseError
+from trainwise.errors import TrainwiseError, printable
 
 # ast node class -> libcst node class name, where they differ or where several libcst nodes share a range.
 _CST_KIND = {"Expr": "Expr", "Assign": "Assign", "Call": "Call", "Name": "Name", "Attribute": "Attribute",
@@ -141,18 +142,41 @@ _WRITE_ERRORS = {
 }
 
 
+def refusal_to_rewrite(path: str, given: Sequence[str]) -> str | None:
+    """Why ``--fix`` must leave ``path`` alone, as a clause ("it is a symbolic link (to ...)"), or None when it
+    may rewrite it: a regular file (not a link) named in ``given`` (the paths on the command line) or inside
+    one of its folders once links are resolved, so that no fix lands outside what the user named. Asked again
+    just before the write, which renames a new file over the name and so never follows a link either."""
+    try:
+        mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            return f"it is a symbolic link (to {printable(os.readlink(path))})"
+        if not stat.S_ISREG(mode):
+            return "it is no longer a regular file"
+        real = os.path.realpath(path)
+        for named in given:
+            if os.path.normpath(named) == os.path.normpath(path):
+                return None  # a file named on the command line (itself not a link)
+            folder = os.path.realpath(named)
+            if os.path.isdir(folder) and os.path.commonpath([folder, real]) == folder:
+                return None
+    except (OSError, ValueError) as exc:
+        return f"it cannot be looked at ({getattr(exc, 'strerror', None) or type(exc).__name__})"
+    return f"it is reached through a symbolic link, outside {printable(', '.join(given))}"
+
+
 def write_fixed(path: str, data: bytes, *, fixed_before: int = 0) -> None:
     """Replace the content of ``path`` with ``data`` atomically, with ``trainwise.files.atomic_write``:
-    a new file beside it with its permission bits, fsynced, renamed over it. A symbolic link stays a link (the
-    file it points to is replaced). On any failure (a full disk, ``ulimit -f``, a read-only folder) the file
-    keeps its old content and a one-line ``TrainwiseError`` names the file, the cause and what to do."""
+    a new file beside it with its permission bits, fsynced, renamed over the name, so a symbolic link there is
+    replaced, never written through (``--fix`` skips links before: :func:`refusal_to_rewrite`). On any failure
+    (a full disk, ``ulimit -f``, a read-only folder) the file keeps its old content and a one-line
+    ``TrainwiseError`` names the file, the cause and what to do."""
     from trainwise.errors import TrainwiseError
     from trainwise.files import atomic_write_bytes  # imports no torch
 
-    target = os.path.realpath(path)
     done = f" ({fixed_before} other file{'s' if fixed_before != 1 else ''} fixed before it)" if fixed_before else ""
     try:
-        atomic_write_bytes(target, data)
+        atomic_write_bytes(path, data)
     except OSError as exc:  # DiskWriteError is an OSError with the errno
         reason, hint = _WRITE_ERRORS.get(exc.errno or 0) or (
             (exc.strerror or type(exc).__name__).lower(), f"check the disk and {_AGAIN}")

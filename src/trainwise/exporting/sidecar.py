@@ -4,6 +4,8 @@ checked, since it may come with an artifact from elsewhere."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,29 @@ _SIDECAR_MAX_SPECS = 1024  # inputs or outputs
 
 def _sidecar_path(artifact: Path) -> Path:
     return artifact.with_name(artifact.name + ".json")
+
+
+def refuse_replacing_another_file(artifact: Path, suffix: str) -> None:
+    """Before anything is written: the sidecar path of ``artifact`` must be free or hold a sidecar that export
+    wrote (an earlier export of the same artifact), never a user's file that happens to have its name
+    (``--output model`` would write ``model.json``); ``suffix`` is the format's, for the advice."""
+    sidecar = _sidecar_path(artifact)
+    try:
+        mode = os.lstat(sidecar).st_mode
+    except FileNotFoundError:
+        return
+    except OSError:
+        mode = 0  # cannot be looked at: refused below, as another file
+    if stat.S_ISREG(mode):
+        try:
+            if _sidecar_problem(_read_sidecar(artifact)) is None:
+                return
+        except TrainwiseError:
+            pass
+    fix = f"give the artifact a suffix, such as {artifact}{suffix}" if not artifact.suffix else \
+        "export to another path"
+    raise TrainwiseError(f"the sidecar of {artifact} would be {sidecar}, which exists and is not a sidecar trainwise "
+                         f"export wrote; {fix}, or move {sidecar} away.")
 
 
 def _read_sidecar(artifact: Path) -> dict[str, Any]:

@@ -26,9 +26,9 @@ from torch import nn
 from trainwise._version import __version__
 from trainwise.errors import TrainwiseError, first_line, with_article
 from trainwise.evaluation import restore_training_modes, training_modes
-from trainwise.exporting.common import FORMATS, ExportWarning, Format, _quiet_jit, _require
+from trainwise.exporting.common import FORMATS, SUFFIXES, ExportWarning, Format, _quiet_jit, _require
 from trainwise.exporting.pt2_check import Refused, check_archive
-from trainwise.exporting.sidecar import SIDECAR_VERSION, _sidecar_path
+from trainwise.exporting.sidecar import SIDECAR_VERSION, _sidecar_path, refuse_replacing_another_file
 from trainwise.exporting.verify import ExportReport, _verify
 from trainwise.files import atomic_write_json
 
@@ -82,6 +82,7 @@ def export(
         raise TrainwiseError(f"{target} is a folder; pass the artifact's file name, e.g. {target / 'model'}.pt2.")
     if not target.parent.is_dir():
         raise TrainwiseError(f"folder {target.parent} does not exist; create it first or choose another path.")
+    refuse_replacing_another_file(target, SUFFIXES[format])  # the sidecar's name may be a user's file
     if format == "onnx":
         _require("onnx", "ONNX export")
         _require("onnxscript", "ONNX export")
