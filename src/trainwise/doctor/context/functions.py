@@ -345,13 +345,13 @@ class Functions:
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             loops = [(loop, calls) for stmt in fn.body for loop in _outer_loops(stmt)
-                     if (calls := self._parameter_model_calls(fn, loop))]
+                     if (calls := self._forwards_of_parameters(fn, loop))]
             if loops and self._entered_in_eval_mode(fn, {dotted(c.func).split(".")[0]  # type: ignore[union-attr]
                                                          for _, calls in loops for c in calls}):
                 found += loops
         return found
 
-    def _parameter_model_calls(self, fn: ast.FunctionDef | ast.AsyncFunctionDef,
+    def _forwards_of_parameters(self, fn: ast.FunctionDef | ast.AsyncFunctionDef,
                                loop: ast.AST) -> tuple[ast.Call, ...]:
         """The model calls of ``loop`` whose module is a parameter of ``fn`` or a part of one."""
         return tuple(c for c in self._model_calls(loop)
