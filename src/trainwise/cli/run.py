@@ -75,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
 
     auto = AutoGuard(codes=selection.guard_codes(), on_finding=report.live, check_every=args.check_every,
                      stop_at=_execute.__code__)
-    status = _execute(target, script_args, is_module=is_module, auto=auto)
+    status, failure = _execute(target, script_args, is_module=is_module, auto=auto)
     auto.close()
-    return report.after_run(auto.findings, status)
+    return report.after_run(auto.findings, status, failure=failure,
+                            watched=(auto.watched_models, auto.watched_steps))
 
 
 def _source_file(module: str) -> str | None:
@@ -94,8 +95,9 @@ def _source_file(module: str) -> str | None:
     return origin if origin and origin.endswith(".py") else None
 
 
-def _execute(target: str, argv: list[str], *, is_module: bool, auto: Any) -> int:
-    """Run the script or module as ``__main__`` with the guards on; its exit status as python gives it."""
+def _execute(target: str, argv: list[str], *, is_module: bool, auto: Any) -> tuple[int, str | None]:
+    """Run the script or module as ``__main__`` with the guards on: its exit status as python gives it, and the
+    uncaught exception that ended it, in one line (None when it ended or exited)."""
     saved_argv, saved_path = sys.argv, list(sys.path)
     launcher = os.path.dirname(os.path.realpath(sys.argv[0])) if sys.argv and sys.argv[0] else None
     first = os.getcwd() if is_module else os.path.dirname(os.path.realpath(target))
@@ -113,16 +115,23 @@ def _execute(target: str, argv: list[str], *, is_module: bool, auto: Any) -> int
         else:  # a folder or zip file with a __main__.py
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
-        return _exit_status(exc.code)
+        return _exit_status(exc.code), None
     except BaseException as exc:  # what python prints for an uncaught exception, from the script's frames on
         sys.stdout.flush()
         exc.__traceback__ = _user_traceback(exc.__traceback__)
         sys.excepthook(type(exc), exc, exc.__traceback__)
-        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1, _one_line(exc)
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path + [p for p in sys.path if p not in saved_path]
-    return 0
+    return 0, None
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message``, the message's first line, at most 200 characters."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _run_file(path: str) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 
 from trainwise.errors import TrainwiseError
+from trainwise.guards import pickling
 from trainwise.guards.check import Check
 from trainwise.guards.registry import check_classes
 from trainwise.wrappers import is_compiled_module, model_layers, optimizer_layers
@@ -174,6 +175,10 @@ class Guard:
         # run the last checks when the garbage collector frees the guard unclosed, with its model (AutoGuard
         # holds its guards weakly: an interval's pending checks must not die with a model the script drops)
         self.check_when_freed = False
+        # the modules that carry the guard's hooks or attributes: pickled and deep-copied without them
+        self._carriers = list({id(m): m for m in [*self.model_layers, *self._entries, *self._forwards]}.values())
+        for module in self._carriers:
+            pickling.pickle_without_guards(module)
         self._install()
 
     # -- hooks ---------------------------------------------------------------------------------------
@@ -521,6 +526,9 @@ class Guard:
             self._next_wake = _NEVER
             for item in self.checks:
                 item.close()
+            for module in self._carriers:
+                pickling.release(module)
+            self._carriers = []
             # a closed guard keeps no wrapper (DDP, compile) alive: one that outlives its process group
             # into interpreter exit aborts gloo
             self.model_layers, self._entries = self.model_layers[-1:], []
