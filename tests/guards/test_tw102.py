@@ -331,25 +331,28 @@ def test_no_optimizer_and_no_backward_means_no_step_and_no_finding() -> None:
 
 
 class _RNN(nn.Module):
-    """word_language_model's shape, made small."""
+    """word_language_model's shape, made small: the output and the LSTM's ``(h, c)``."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.rnn = nn.RNN(4, 8)
+        self.rnn = nn.LSTM(4, 8)
         self.decoder = nn.Linear(8, 3)
 
-    def forward(self, x: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, hidden: Hidden) -> tuple[torch.Tensor, Hidden]:
         output, hidden = self.rnn(x, hidden)
         return self.decoder(output), hidden
+
+
+Hidden = tuple[torch.Tensor, torch.Tensor]
 
 
 def _manual_updates(model: nn.Module, *, detach: bool, steps: int = 8) -> None:
     """No optimizer: the update is written out (p.data.add_), as word_language_model does."""
     torch.manual_seed(1)
-    hidden = torch.zeros(1, 2, 8)
+    hidden = torch.zeros(1, 2, 8), torch.zeros(1, 2, 8)
     for _ in range(steps):
         if detach:
-            hidden = hidden.detach()
+            hidden = tuple(h.detach() for h in hidden)
         output, hidden = model(torch.randn(5, 2, 4), hidden)
         loss = nn.functional.cross_entropy(output.view(-1, 3), torch.randint(0, 3, (10,)))
         model.zero_grad()
@@ -382,3 +385,4 @@ def test_without_an_optimizer_several_backwards_through_one_forward_are_one_step
                 output[:, column].sum().backward(retain_graph=True)
         assert guard.step == len(data) - 1
     assert guard.findings == []
+

@@ -82,8 +82,9 @@ class Check:
 
 
 class OncePerStep:
-    """When a forward-time scan is due: on the first call after each optimizer step (the guard's step count
-    moved since the last scan), or without an optimizer every ``check_every``-th call. ``ready()`` counts the
+    """When a forward-time scan is due: on the first call after each step (the guard's step count moved since
+    the last scan), or while no step is taken (no optimizer, no backward) every ``check_every``-th call
+    without an optimizer. ``ready()`` counts the
     call and says whether the scan is due; ``fire()`` marks it done until the next step. Nothing runs per
     step for it: a check that uses it needs no ``after_step``."""
 

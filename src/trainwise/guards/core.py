@@ -141,7 +141,12 @@ class Guard:
         self.action = action
         self.check_every = check_every
         self.on_finding = on_finding
-        self.step = 0  # optimizer steps taken while guarded
+        self.step = 0  # optimizer steps taken while guarded (without an optimizer: backward passes, see below)
+        # without an optimizer (a loop that updates the weights itself), a backward is the step boundary: one
+        # through this parameter (the model's first trainable one), noted by a hook on its gradient
+        self._backward_param = None if optimizer is not None else next(
+            (p for p in self.model.parameters() if p.requires_grad), None)
+        self.steps_at_backward = self._backward_param is not None
         self.findings: list[GuardFinding] = []
         self._reported: set[tuple[str, str]] = set()
         self._handles: list[Any] = []
@@ -327,6 +332,32 @@ class Guard:
             self._step_pre = step_pre
             self._hook_step_pre()
             self._handles.append(self.optimizer.register_step_post_hook(step_post))
+        elif self._backward_param is not None:
+            self._count_backward_steps(self._backward_param)
+
+    def _count_backward_steps(self, param: torch.Tensor) -> None:
+        """Without an optimizer: a hook on ``param``'s gradient notes a backward, and the model's next forward
+        ends the step (before any other hook of the guard's: the step's work sees the forward as the step's
+        next). So several backward passes through one forward are one step, and the step's work runs in the
+        caller's thread (on CUDA, torch calls gradient hooks in its own), at the caller's line."""
+        backward = [False]
+
+        def backward_done(tensor: torch.Tensor) -> None:
+            backward[0] = True
+
+        def next_step(module: torch.nn.Module, args: Any) -> None:
+            if not torch.compiler.is_compiling() and backward[0]:  # traced: nothing of the guard's read
+                backward[0] = False
+                self.step += 1
+                if self.step >= self._next_wake:
+                    self._wake()
+
+        self._handles.append(param.register_post_accumulate_grad_hook(backward_done))
+        # a compiled model's calls are counted at its compiled entries, eagerly: a hook on the module inside would
+        # be traced, and torch.compile recompiles when that module's hooks change (this guard replaced by one
+        # with the optimizer)
+        for outer in self._entries or [self.model]:
+            self._handles.append(outer.register_forward_pre_hook(next_step, prepend=True))
 
     def at_step(self, step: int, call: Callable[[], None]) -> None:
         """Call ``call()`` once, right after the optimizer step that brings ``guard.step`` to ``step`` (or after
@@ -522,6 +553,7 @@ class Guard:
                 self._step_pre_handle.remove()
                 self._step_pre_handle = None
             self._forward_hooks.clear()
+            self._backward_param = None
             self._wakes.clear()
             self._next_wake = _NEVER
             for item in self.checks:
