@@ -429,11 +429,15 @@ class AutoGuard:
             outer = root.outer()
             if outer is None or any(ref() is optimizer for ref in root.optimizers):
                 continue
-            if not root.optimizers:  # guarded without an optimizer so far: the guard with one replaces it
-                for guard in reversed(root.live_guards()):
-                    guard.close(check=False)
+            if not root.optimizers:  # guarded without an optimizer so far: the guard with one replaces it,
+                previous = root.live_guards()  # carrying on from what that one saw before this first step
                 root.guards = []
                 self._attach(root, outer, optimizer, self.codes)
+                for guard in root.live_guards():
+                    for before in previous:
+                        guard.take_over(before)
+                for guard in reversed(previous):
+                    guard.close(check=False)
             else:
                 self._attach(root, outer, optimizer, self.step_codes)
 

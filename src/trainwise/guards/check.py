@@ -77,6 +77,11 @@ class Check:
         """Every ``check_every`` steps and at ``close`` (``guard.closing``): where a check may read values
         from the device."""
 
+    def take_over(self, previous: Check) -> None:
+        """Carry on from ``previous``, this code's check in a guard of the same model that this check's guard
+        replaces during the optimizer's first step (``trainwise run`` meets an optimizer that is a local of a
+        function only then, after the model's first forwards): what it saw of the forwards before this step."""
+
     def close(self) -> None:
         """Drop whatever the check holds (hooks of its own, references)."""
 

@@ -359,6 +359,15 @@ class Guard:
         for outer in self._entries or [self.model]:
             self._handles.append(outer.register_forward_pre_hook(next_step, prepend=True))
 
+    def take_over(self, previous: Guard) -> None:
+        """Carry on from ``previous``, a guard of the same model without an optimizer that this one replaces during
+        the optimizer's first step: each check takes what its predecessor saw of the forwards before this step, so
+        the first step is judged as if this guard had been there from the start."""
+        before = {check.code: check for check in previous.checks}
+        for check in self.checks:
+            if check.code in before:
+                check.take_over(before[check.code])
+
     def at_step(self, step: int, call: Callable[[], None]) -> None:
         """Call ``call()`` once, right after the optimizer step that brings ``guard.step`` to ``step`` (or after
         the next step, for a step already reached): a check with work on one step in several schedules it here

@@ -62,6 +62,15 @@ class GraphKeptAcrossSteps(Check):
         self.guard.at_step(step + _LAG, self._judge)
         self.guard.at_step(step + sample_gap(step), self._sample)
 
+    def take_over(self, previous: Check) -> None:
+        # the forwards the replaced guard tagged came before this guard's first step: they are its step 0's
+        if not isinstance(previous, GraphKeptAcrossSteps):
+            return
+        if previous._done:
+            self._done = True
+            return
+        self._pending.extendleft((0, ref) for _, ref in reversed(previous._pending) if ref() is not None)
+
     def _stop_tagging(self) -> None:
         self.guard.listen(self, "after_forward", False)
 
