@@ -337,9 +337,9 @@ class Guard:
 
     def _count_backward_steps(self, param: torch.Tensor) -> None:
         """Without an optimizer: a hook on ``param``'s gradient notes a backward, and the model's next forward
-        ends the step (before any other hook of the guard's: the step's work sees the forward as the step's
-        next). So several backward passes through one forward are one step, and the step's work runs in the
-        caller's thread (on CUDA, torch calls gradient hooks in its own), at the caller's line."""
+        starts the next step (its pre-hook runs before the guard's others, so that forward is the new step's).
+        Several backward passes through one forward are one step, and the step's work runs in the caller's
+        thread (on CUDA, torch calls gradient hooks in its own), at the caller's line."""
         backward = [False]
 
         def backward_done(tensor: torch.Tensor) -> None:
