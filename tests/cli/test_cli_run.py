@@ -302,3 +302,110 @@ def test_a_folder_or_zip_file_with_main_runs_as_under_python(tmp_path):
     # the doctor reads the folder's __main__.py (a zip file's members it cannot read)
     ours = subprocess.run([*RUN, "app"], cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
     assert re.search(r"^trainwise run: doctor: app/__main__\.py:8:\d+: TW105 ", ours.stderr, re.MULTILINE), ours.stderr
+
+
+def _json_report(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """``trainwise run --format json`` on ``argv`` in ``tmp_path``: the process and the report's entries."""
+    report = tmp_path / "report.json"
+    report.unlink(missing_ok=True)
+    proc = subprocess.run([*RUN, "--format", "json", "--output", str(report), *argv], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    return proc, json.loads(report.read_text()) if report.exists() else []
+
+
+LOAD_IN_PLAIN_PYTHON = '''\
+"""The saved model loaded where trainwise is not installed: the file must need nothing of it."""
+import sys
+sys.modules["trainwise"] = None  # any import of trainwise now fails
+import torch
+import rnn_model
+
+model = torch.load(sys.argv[1], weights_only=False)
+fresh = rnn_model.RNNModel()
+fresh.load_state_dict(torch.load(sys.argv[1] + ".state"))
+for loaded, plain in zip(model.modules(), fresh.modules()):
+    assert sorted(vars(loaded)) == sorted(vars(plain)), set(vars(loaded)) ^ set(vars(plain))
+    assert not (loaded._forward_hooks or loaded._forward_pre_hooks), type(loaded).__name__
+x, hidden = torch.randint(0, 20, (5, 4)), fresh.init_hidden(4)
+assert torch.equal(model.eval()(x, hidden)[0], fresh.eval()(x, hidden)[0])
+print("loaded")
+'''
+
+
+def test_a_whole_model_saved_with_torch_save_loads_in_plain_python(tmp_path):
+    """pytorch/examples' word_language_model: torch.save(model, f) of the best model, a deep copy, a pickle, and
+    the file loaded back by the script and by a python without trainwise."""
+    for name in ("rnn_model.py", "rnn_main.py"):
+        shutil.copy(SCRIPTS / name, tmp_path / name)
+    proc = subprocess.run([*RUN, "--ignore", "TW301", "rnn_main.py", "--save", "model.pt"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    assert re.fullmatch(r"best [\d.]+ reloaded [\d.]+ RNNModel RNNModel\n", proc.stdout), proc.stdout
+    assert proc.stderr == "trainwise run: rnn_main.py: no problems found, statically or at run time.\n"
+    assert b"trainwise" not in (tmp_path / "model.pt").read_bytes()  # the zip's pickle is stored uncompressed
+    (tmp_path / "load.py").write_text(LOAD_IN_PLAIN_PYTHON)
+    loaded = subprocess.run([sys.executable, "load.py", "model.pt"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert (loaded.returncode, loaded.stdout) == (0, "loaded\n"), loaded.stderr
+
+
+@pytest.mark.slow
+def test_a_model_passed_to_a_spawned_process_trains_there(tmp_path):
+    """pytorch/examples' mnist_hogwild with the spawn start method: the model, evaluated (so guarded) first, is
+    pickled to the worker, which trains the shared weights."""
+    shutil.copy(SCRIPTS / "hogwild.py", tmp_path / "hogwild.py")
+    proc = subprocess.run([*RUN, "hogwild.py", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "workers [0] trained True\n"
+    assert proc.stderr == "trainwise run: hogwild.py: no problems found, statically or at run time.\n"
+
+
+DIES = '''\
+import torch
+from torch.nn import functional as F
+
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    optimizer.zero_grad()
+    F.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 2, (8,))).backward()
+    optimizer.step()
+raise RuntimeError("disk full")
+'''
+
+
+def test_a_script_that_dies_is_said_to_have_failed_never_to_be_clean(tmp_path):
+    (tmp_path / "dies.py").write_text(DIES)
+    proc = subprocess.run([*RUN, "dies.py"], cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 1
+    traceback, _, said = proc.stderr.rpartition("RuntimeError: disk full\n")
+    assert traceback.startswith("Traceback")
+    assert "no problems found" not in said
+    assert said == ("trainwise run: dies.py: the script failed (RuntimeError: disk full); nothing found until then "
+                    "(1 model watched over 3 steps).\n")
+
+
+def test_each_mistake_is_found_at_the_same_step_with_the_optimizer_local_to_main_or_global(tmp_path):
+    """The guard first meets the model before its optimizer when the optimizer is a local of main() (read only at
+    its first step): the first step's checks must not be lost (TW102 at step 3, TW109 at step 0, as docs say)."""
+    shutil.copy(SCRIPTS / "layouts.py", tmp_path / "layouts.py")
+    steps = {}
+    for layout in ("module", "main"):
+        proc, report = _json_report(tmp_path, "layouts.py", layout)
+        assert proc.returncode == 0 and proc.stdout == "trained\n", proc.stderr
+        steps[layout] = {entry["code"]: (entry["found"], entry.get("step")) for entry in report}
+    assert steps["main"] == steps["module"] == {"TW102": ("both", 3), "TW105": ("both", 1), "TW109": ("both", 0)}
+
+
+def test_a_loop_without_an_optimizer_is_checked_with_backward_as_its_step(tmp_path):
+    """word_language_model's manual update (p.data.add_(p.grad, alpha=-lr)) with the hidden state never detached:
+    every step backpropagates through all the earlier ones; found at the third step, as with an optimizer."""
+    for name in ("rnn_model.py", "rnn_main.py"):
+        shutil.copy(SCRIPTS / name, tmp_path / name)
+    proc, report = _json_report(tmp_path, "--ignore", "TW301", "rnn_main.py", "--keep-hidden")
+    assert proc.returncode == 0, proc.stderr
+    lines = (tmp_path / "rnn_main.py").read_text().splitlines()
+    train = lines.index("def train():")
+    forward = next(n for n, line in enumerate(lines[train:], start=train + 1) if "= model(data, hidden)" in line)
+    # said at the forward that starts step 3 (the step after the third backward)
+    assert [(e["code"], e["found"], e["step"], e["line"]) for e in report] == [("TW102", "run", 3, forward)]

@@ -3,7 +3,10 @@ with each finding placed at the caller's line; nothing kept alive, nothing left 
 
 from __future__ import annotations
 
+import copy
 import gc
+import io
+import pickle
 import sys
 import warnings
 import weakref
@@ -300,3 +303,66 @@ def test_a_forward_left_by_ctrl_c_does_not_stop_the_finding_of_new_models():
         auto.close()
     assert roots == [model, second]
     assert len(module_hooks._global_forward_pre_hooks) + len(module_hooks._global_forward_hooks) == before
+
+
+class _Seq(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def _plain_state(module: nn.Module) -> list[tuple[str, list[str], int]]:
+    """What a module holds, per submodule: its attributes and how many forward hooks."""
+    return [(name, sorted(vars(m)), len(m._forward_hooks) + len(m._forward_pre_hooks))
+            for name, m in module.named_modules()]
+
+
+def test_a_guarded_model_pickles_deep_copies_and_saves_as_the_plain_model_and_stays_guarded():
+    """torch.save(model) of a whole model, an EMA deep copy, a model sent to a spawned process: none carries
+    anything of trainwise, and the model itself is still guarded afterwards."""
+    plain = _plain_state(_Seq())
+    auto = AutoGuard().install()
+    try:
+        model = _Seq()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        _step(model, optimizer)
+        pickled = pickle.dumps(model)
+        ema = copy.deepcopy(model)
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        assert b"trainwise" not in pickled and b"trainwise" not in buffer.getvalue()
+        buffer.seek(0)
+        for twin in (pickle.loads(pickled), ema, torch.load(buffer, weights_only=False)):
+            assert _plain_state(twin) == plain
+            x = torch.randn(2, 3)
+            assert torch.equal(twin(x), model(x))
+        _step(model, optimizer, zero=False)
+        _step(model, optimizer, zero=False)
+    finally:
+        auto.close()
+    assert [f.code for f in auto.findings] == ["TW105"]  # still guarded
+    assert _plain_state(model) == plain  # and nothing left on it after close
+
+
+def test_an_optimizer_local_to_a_function_loses_none_of_the_first_steps():
+    """The layout of pytorch/examples: the optimizer is a local of main(), met at its first step, after the model's
+    first forward; the first step's samples are kept (TW102 found at step 3, TW109 at step 0, as with a global)."""
+    found = []
+    auto = AutoGuard(on_finding=found.append).install()
+    try:
+        model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        total = 0
+        for _ in range(6):
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.cross_entropy(model(torch.randn(4, 3)), torch.tensor([0, 1, 0, 1]))
+            loss.backward()
+            optimizer.step()
+            total += loss
+    finally:
+        auto.close()
+    assert sorted((f.code, f.finding.step) for f in found) == [("TW102", 3), ("TW109", 0)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import inspect
 import io
+import pickle
 import warnings
 
 import pytest
@@ -221,6 +222,46 @@ def test_a_guarded_model_pickles_and_loads_as_a_plain_model():
     loaded = torch.load(buffer, weights_only=False)
     x = torch.randn(3, 4)
     assert torch.equal(loaded(x), model(x))
+    assert sorted(vars(loaded)) == sorted(vars(_Net()))  # no forward of the guard's, not even a stand-in
+
+
+class _Lightning(nn.Module):
+    """A LightningModule's shape: the guard (Lightning's callback's) hooks the submodule training_step calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@pytest.mark.parametrize("how", ["forwards", "forward_every", "compiled"])
+def test_a_model_with_the_guards_hooks_pickles_and_copies_without_them(how):
+    """Where the guard hooks the forward rather than wrapping it (``forwards=``, a compiled module): pickle, deep
+    copy and torch.save give the module as it is without the guard, which goes on watching the model."""
+    model = _Lightning()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    options = {"forwards": {"forwards": [model.net]}, "forward_every": {"forward_every": 8},
+               "compiled": {"other_wrappers": [torch.compile(model)]}}[how]
+    plain = [(name, sorted(vars(m))) for name, m in model.named_modules()]
+    with tw.guard(model, optimizer, action="record") as guard:
+        guard_options = tw.Guard(model, optimizer, action="record", **options)
+        model.net(torch.randn(5, 4)).sum().backward()
+        optimizer.step()
+        pickled = pickle.dumps(model)
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        for twin in (pickle.loads(pickled), copy.deepcopy(model), torch.load(buffer, weights_only=False)):
+            assert [(name, sorted(vars(m))) for name, m in twin.named_modules()] == plain
+            assert not any(m._forward_hooks or m._forward_pre_hooks for m in twin.modules())
+        assert b"trainwise" not in pickled
+        model.net(torch.randn(5, 4)).sum().backward()
+        optimizer.step()  # gradients never zeroed: still watched
+        guard_options.close()
+    assert [f.code for f in guard.findings] == ["TW105"]
+    assert [(name, sorted(vars(m))) for name, m in model.named_modules()] == plain
 
 
 def test_the_guarded_forward_has_the_models_signature():

@@ -322,10 +322,67 @@ def test_guarded_run_ends_with_the_same_weights() -> None:
         assert torch.equal(plain, watched)
 
 
-def test_no_optimizer_means_no_tagging() -> None:
+def test_no_optimizer_and_no_backward_means_no_step_and_no_finding() -> None:
     model, _, data = make()
     with trainwise.guard(model, checks=["TW102"]) as guard:
-        kept = [model(x) for x, _ in data]
-        check = next(c for c in guard.checks if isinstance(c, GraphKeptAcrossSteps))
-        assert not check._pending and len(kept) == 8
+        kept = [model(x) for x, _ in data]  # forwards only (features kept on purpose): no step, nothing judged
+        assert guard.step == 0 and len(kept) == 8
     assert guard.findings == []
+
+
+class _RNN(nn.Module):
+    """word_language_model's shape, made small: the output and the LSTM's ``(h, c)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(4, 8)
+        self.decoder = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, hidden: Hidden) -> tuple[torch.Tensor, Hidden]:
+        output, hidden = self.rnn(x, hidden)
+        return self.decoder(output), hidden
+
+
+Hidden = tuple[torch.Tensor, torch.Tensor]
+
+
+def _manual_updates(model: nn.Module, *, detach: bool, steps: int = 8) -> None:
+    """No optimizer: the update is written out (p.data.add_), as word_language_model does."""
+    torch.manual_seed(1)
+    hidden = torch.zeros(1, 2, 8), torch.zeros(1, 2, 8)
+    for _ in range(steps):
+        if detach:
+            hidden = tuple(h.detach() for h in hidden)
+        output, hidden = model(torch.randn(5, 2, 4), hidden)
+        loss = nn.functional.cross_entropy(output.view(-1, 3), torch.randint(0, 3, (10,)))
+        model.zero_grad()
+        loss.backward(retain_graph=not detach)
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.1)
+
+
+def test_without_an_optimizer_a_backward_is_the_step_and_a_kept_hidden_state_is_found() -> None:
+    model = _RNN()
+    with trainwise.guard(model, checks=["TW102"], action="record") as guard:
+        _manual_updates(model, detach=False)
+        assert guard.step == 7  # a forward after a backward starts the next step: 8 forwards, 7 steps
+    assert [(f.code, f.step) for f in guard.findings] == [("TW102", 3)]
+    with trainwise.guard(model, checks=["TW102"], action="record") as guard:
+        _manual_updates(model, detach=True)  # the hidden state detached each step: correct
+    assert guard.findings == []
+    assert not any(p._post_accumulate_grad_hooks for p in model.parameters())  # nothing left after close
+
+
+def test_without_an_optimizer_several_backwards_through_one_forward_are_one_step() -> None:
+    """Gradients of each output in turn through one graph (retain_graph): the graph is alive for the whole
+    step on purpose; only a forward after a backward starts the next step."""
+    model, _, data = make()
+    with trainwise.guard(model, checks=["TW102"], action="record") as guard:
+        for x, _ in data:
+            output = model(x)
+            for column in range(output.shape[1]):
+                model.zero_grad()
+                output[:, column].sum().backward(retain_graph=True)
+        assert guard.step == len(data) - 1
+    assert guard.findings == []
+

@@ -192,3 +192,18 @@ def test_a_step_given_a_closure_is_judged_on_the_gradients_its_closure_made(last
                 break  # the NaN gradient was applied at step 1 only
     assert [(f.code, f.step, f.where) for f in guard.findings] == [
         ("TW113", len(batches) if last else 1, "gain.value")]
+
+
+def test_without_an_optimizer_the_written_out_update_is_checked_at_backward_steps():
+    """word_language_model's update, ``p.data.add_(p.grad, alpha=-lr)``: an inf gradient it applies is found at
+    the next check (here every step), the step counted by backward passes."""
+    model = Gained(unused=False)
+    with trainwise.guard(model, checks=["TW113"], check_every=1, action="record") as guard:
+        for step, (x, y) in enumerate(_batches(), start=1):
+            model.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y) * (float("inf") if step == 3 else 1.0)
+            loss.backward()
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.01)
+    assert [(f.code, f.step, f.where) for f in guard.findings] == [("TW113", 3, "body.weight")]
+    assert "an update applied an inf or NaN gradient at step 3" in guard.findings[0].message

@@ -81,11 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
     auto = AutoGuard(codes=selection.guard_codes(), on_finding=report.live, check_every=args.check_every,
                      stop_at=_execute.__code__, user_code=UserCode(_own_code(target, is_module)))
-    status = _execute(target, script_args, is_module=is_module, archive=archive is not None, auto=auto)
+    status, failure = _execute(target, script_args, is_module=is_module, archive=archive is not None, auto=auto)
     auto.close()
     if status == INTERRUPTED:
-        report.interrupted()
-    code = report.after_run(auto.findings, status)
+        report.interrupted()  # said once, before the report: no "failed" line besides it
+        failure = None
+    code = report.after_run(auto.findings, status, failure=failure, watched=(auto.watched_models, auto.watched_steps))
     return _die_of_sigint() if status == INTERRUPTED else code
 
 
@@ -147,9 +148,10 @@ def _own_code(target: str, is_module: bool) -> list[str]:
 INTERRUPTED = -2
 
 
-def _execute(target: str, argv: list[str], *, is_module: bool, archive: bool, auto: Any) -> int:
-    """Run the script or module as ``__main__`` with the guards on; its exit status as python gives it
-    (``INTERRUPTED`` for a KeyboardInterrupt)."""
+def _execute(target: str, argv: list[str], *, is_module: bool, archive: bool, auto: Any) -> tuple[int, str | None]:
+    """Run the script or module as ``__main__`` with the guards on: its exit status as python gives it
+    (``INTERRUPTED`` for a KeyboardInterrupt), and the uncaught exception that ended it, in one line (None when
+    it ended or exited)."""
     saved_argv, saved_path = sys.argv, list(sys.path)
     launcher = os.path.dirname(os.path.realpath(sys.argv[0])) if sys.argv and sys.argv[0] else None
     if sys.path and launcher and os.path.realpath(sys.path[0] or ".") == launcher:
@@ -166,16 +168,23 @@ def _execute(target: str, argv: list[str], *, is_module: bool, archive: bool, au
         else:
             _run_file(target)
     except SystemExit as exc:
-        return _exit_status(exc.code)
+        return _exit_status(exc.code), None
     except BaseException as exc:  # what python prints for an uncaught exception, from the script's frames on
         sys.stdout.flush()
         exc.__traceback__ = _user_traceback(exc.__traceback__)
         sys.excepthook(type(exc), exc, exc.__traceback__)
-        return INTERRUPTED if type(exc) is KeyboardInterrupt else 1
+        return (INTERRUPTED if type(exc) is KeyboardInterrupt else 1), _one_line(exc)
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path + [p for p in sys.path if p not in saved_path]
-    return 0
+    return 0, None
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message``, the message's first line, at most 200 characters."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _die_of_sigint() -> int:

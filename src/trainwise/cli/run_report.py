@@ -218,6 +218,8 @@ class RunReport:
         self.selection, self.static, self.ranks = selection, static, ranks
         self.fmt, self.target = fmt, target
         self.output = os.path.abspath(output) if output else None  # before the script can change folder
+        self.failure: str | None = None  # the exception that ended the script, in one line (after_run)
+        self.watched = (0, 0)
 
     def before_run(self) -> None:
         """The doctor's findings, one line each (on the reporting rank, unless stderr is for the report)."""
@@ -246,9 +248,14 @@ class RunReport:
     def _says_as_found(self) -> bool:
         return self.ranks.reports and (self.fmt == "text" or self.output is not None)
 
-    def after_run(self, located: list[LocatedFinding], status: int) -> int:
+    def after_run(self, located: list[LocatedFinding], status: int, *, failure: str | None = None,
+                  watched: tuple[int, int] = (0, 0)) -> int:
         """Gather the ranks' findings, write the report, and return the exit status: the script's, or 1 when it
-        succeeded and a finding matches ``--fail-on``."""
+        succeeded and a finding matches ``--fail-on``. ``failure``: the exception that ended the script, in one
+        line; ``watched``: the models guarded and the most steps one took (what was checked until then)."""
+        self.failure, self.watched = failure, watched
+        if failure is not None and self.fmt != "text" and self.output is not None and self.ranks.reports:
+            _say(self.failed_line())
         own = [_row(f) for f in located]
         failing = any(self.selection.fails(row["code"]) for row in own)  # each rank's status: its own findings
         rows = self.ranks.gather(own)
@@ -265,6 +272,17 @@ class RunReport:
             else:
                 _say(text.rstrip("\n"))
         return 1 if status == 0 and failing else status
+
+    def failed_line(self, *, found: bool = False) -> str:
+        """The script failed: which exception, and what was watched until then (never "no problems found")."""
+        models, steps = self.watched
+        if not models:
+            checked = "no model was called"
+        else:
+            over = "over" if models == 1 else "over up to"
+            checked = f"{models} model{'s' * (models > 1)} watched {over} {steps} step{'s' * (steps != 1)}"
+        until = "found until then" if found else "nothing found until then"
+        return f"{PREFIX} {self.target}: the script failed ({self.failure}); {until} ({checked})."
 
     def _entries(self, rows: list[dict[str, Any]]) -> list[Entry]:
         """Static findings and runtime rows together: a static finding and the runtime one with the same code in
@@ -362,7 +380,11 @@ def _render_text(entries: list[Entry], report: RunReport) -> str:
     counts = {kind: sum(e.found == kind for e in entries) for kind in ("both", "run", "static")}
     summary = (f"{PREFIX} {report.target}: {counts['both']} static finding(s) confirmed by the run, "
                f"{counts['run']} found only at run time, {counts['static']} static not seen at run time.")
-    if not entries:
+    if report.failure is not None:  # a script that died is never said to be clean
+        if not entries:
+            return report.failed_line() + "\n"
+        summary = report.failed_line(found=True)[:-1] + ":\n" + summary
+    elif not entries:
         return f"{PREFIX} {report.target}: no problems found, statically or at run time.\n"
     distributed = report.ranks.world > 1
     header = ["code", "place", "found", "step"] + (["ranks"] if distributed else [])

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from trainwise.guards import pickling
 from trainwise.guards.check import Check
 from trainwise.guards.core import Guard, GuardFinding
 from trainwise.guards.registry import check_classes
@@ -37,9 +38,16 @@ from trainwise.wrappers import model_layers, optimizer_layers
 
 
 class _HookedGuard(Guard):
-    """A guard attached from inside the model's first forward call: its forward hooks run for that call too."""
+    """A guard attached from inside the model's first forward call: its forward hooks run for that call too;
+    ``on_close`` (the AutoGuard's count of the steps watched) is told its steps when it closes."""
 
     _wraps_forward = False
+    on_close: Callable[[Guard], None] | None = None
+
+    def close(self, *, check: bool = True) -> None:
+        if self.on_close is not None and not self._closed:
+            self.on_close(self)
+        super().close(check=check)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +137,9 @@ class _Root:
         for handle in self.own_hooks:
             handle.remove()
         self.own_hooks = []
+        outer = self.outer()
+        if outer is not None:  # its guards closed before: pickled as it is from now on
+            pickling.release(outer)
 
     def live_guards(self) -> list[Guard]:
         return [g for ref in self.guards if (g := ref()) is not None]
@@ -176,6 +187,9 @@ class AutoGuard:
         # its own hooks (a guarded root's: the global hooks step aside while it runs)
         self._running: list[Any] = [None, 0, 0]
         self._resume: Callable[[], None] = lambda: None
+        # what was watched, for a report after a script that failed: root models, and the most steps of a guard
+        self.watched_models = 0
+        self.watched_steps = 0
 
     # -- hooks ---------------------------------------------------------------------------------------
 
@@ -329,6 +343,7 @@ class AutoGuard:
             if inner is not None and inner not in optimizers and _holds(inner, params):
                 optimizers.append(given_ref() or inner)
         root = _Root(module, place)
+        self.watched_models += 1
         self._modules[id(module)] = (_forgetting(self._modules, module), root)
         self._roots = [r for r in self._roots if r.model() is not None]  # the dropped models' roots go
         self._roots.append(root)
@@ -361,10 +376,14 @@ class AutoGuard:
         guard = _HookedGuard(module, optimizer, action="record", checks=codes, on_finding=found,
                       check_every=self.check_every)
         guard.check_when_freed = True
+        guard.on_close = self._count_steps
         root.guards.append(weakref.ref(guard))
         if guard.optimizer is not None:
             root.optimizers.append(weakref.ref(guard.optimizer))
             self._remember(guard.optimizer, optimizer)
+
+    def _count_steps(self, guard: Guard) -> None:
+        self.watched_steps = max(self.watched_steps, guard.step)
 
     def _remember(self, inner: Any, given: Any) -> None:
         self._optimizers[id(inner)] = (_forgetting(self._optimizers, inner), weakref.ref(given))
@@ -407,11 +426,15 @@ class AutoGuard:
             outer = root.outer()
             if outer is None or any(ref() is optimizer for ref in root.optimizers):
                 continue
-            if not root.optimizers:  # guarded without an optimizer so far: the guard with one replaces it
-                for guard in reversed(root.live_guards()):
-                    guard.close(check=False)
+            if not root.optimizers:  # guarded without an optimizer so far: the guard with one replaces it,
+                previous = root.live_guards()  # carrying on from what that one saw before this first step
                 root.guards = []
                 self._attach(root, outer, optimizer, self.codes)
+                for guard in root.live_guards():
+                    for before in previous:
+                        guard.take_over(before)
+                for guard in reversed(previous):
+                    guard.close(check=False)
             else:
                 self._attach(root, outer, optimizer, self.step_codes)
 

@@ -77,13 +77,19 @@ class Check:
         """Every ``check_every`` steps and at ``close`` (``guard.closing``): where a check may read values
         from the device."""
 
+    def take_over(self, previous: Check) -> None:
+        """Carry on from ``previous``, this code's check in a guard of the same model that this check's guard
+        replaces during the optimizer's first step (``trainwise run`` meets an optimizer that is a local of a
+        function only then, after the model's first forwards): what it saw of the forwards before this step."""
+
     def close(self) -> None:
         """Drop whatever the check holds (hooks of its own, references)."""
 
 
 class OncePerStep:
-    """When a forward-time scan is due: on the first call after each optimizer step (the guard's step count
-    moved since the last scan), or without an optimizer every ``check_every``-th call. ``ready()`` counts the
+    """When a forward-time scan is due: on the first call after each step (the guard's step count moved since
+    the last scan), or while no step is taken (no optimizer, no backward) every ``check_every``-th call
+    without an optimizer. ``ready()`` counts the
     call and says whether the scan is due; ``fire()`` marks it done until the next step. Nothing runs per
     step for it: a check that uses it needs no ``after_step``."""
 

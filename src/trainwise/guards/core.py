@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 
 from trainwise.errors import TrainwiseError
+from trainwise.guards import pickling
 from trainwise.guards.check import Check
 from trainwise.guards.registry import check_classes
 from trainwise.wrappers import is_compiled_module, model_layers, optimizer_layers
@@ -140,7 +141,12 @@ class Guard:
         self.action = action
         self.check_every = check_every
         self.on_finding = on_finding
-        self.step = 0  # optimizer steps taken while guarded
+        self.step = 0  # optimizer steps taken while guarded (without an optimizer: backward passes, see below)
+        # without an optimizer (a loop that updates the weights itself), a backward is the step boundary: one
+        # through this parameter (the model's first trainable one), noted by a hook on its gradient
+        self._backward_param = None if optimizer is not None else next(
+            (p for p in self.model.parameters() if p.requires_grad), None)
+        self.steps_at_backward = self._backward_param is not None
         self.findings: list[GuardFinding] = []
         self._reported: set[tuple[str, str]] = set()
         self._handles: list[Any] = []
@@ -174,6 +180,10 @@ class Guard:
         # run the last checks when the garbage collector frees the guard unclosed, with its model (AutoGuard
         # holds its guards weakly: an interval's pending checks must not die with a model the script drops)
         self.check_when_freed = False
+        # the modules that carry the guard's hooks or attributes: pickled and deep-copied without them
+        self._carriers = list({id(m): m for m in [*self.model_layers, *self._entries, *self._forwards]}.values())
+        for module in self._carriers:
+            pickling.pickle_without_guards(module)
         self._install()
 
     # -- hooks ---------------------------------------------------------------------------------------
@@ -322,6 +332,41 @@ class Guard:
             self._step_pre = step_pre
             self._hook_step_pre()
             self._handles.append(self.optimizer.register_step_post_hook(step_post))
+        elif self._backward_param is not None:
+            self._count_backward_steps(self._backward_param)
+
+    def _count_backward_steps(self, param: torch.Tensor) -> None:
+        """Without an optimizer: a hook on ``param``'s gradient notes a backward, and the model's next forward
+        starts the next step (its pre-hook runs before the guard's others, so that forward is the new step's).
+        Several backward passes through one forward are one step, and the step's work runs in the caller's
+        thread (on CUDA, torch calls gradient hooks in its own), at the caller's line."""
+        backward = [False]
+
+        def backward_done(tensor: torch.Tensor) -> None:
+            backward[0] = True
+
+        def next_step(module: torch.nn.Module, args: Any) -> None:
+            if not torch.compiler.is_compiling() and backward[0]:  # traced: nothing of the guard's read
+                backward[0] = False
+                self.step += 1
+                if self.step >= self._next_wake:
+                    self._wake()
+
+        self._handles.append(param.register_post_accumulate_grad_hook(backward_done))
+        # a compiled model's calls are counted at its compiled entries, eagerly: a hook on the module inside would
+        # be traced, and torch.compile recompiles when that module's hooks change (this guard replaced by one
+        # with the optimizer)
+        for outer in self._entries or [self.model]:
+            self._handles.append(outer.register_forward_pre_hook(next_step, prepend=True))
+
+    def take_over(self, previous: Guard) -> None:
+        """Carry on from ``previous``, a guard of the same model without an optimizer that this one replaces during
+        the optimizer's first step: each check takes what its predecessor saw of the forwards before this step, so
+        the first step is judged as if this guard had been there from the start."""
+        before = {check.code: check for check in previous.checks}
+        for check in self.checks:
+            if check.code in before:
+                check.take_over(before[check.code])
 
     def at_step(self, step: int, call: Callable[[], None]) -> None:
         """Call ``call()`` once, right after the optimizer step that brings ``guard.step`` to ``step`` (or after
@@ -517,10 +562,14 @@ class Guard:
                 self._step_pre_handle.remove()
                 self._step_pre_handle = None
             self._forward_hooks.clear()
+            self._backward_param = None
             self._wakes.clear()
             self._next_wake = _NEVER
             for item in self.checks:
                 item.close()
+            for module in self._carriers:
+                pickling.release(module)
+            self._carriers = []
             # a closed guard keeps no wrapper (DDP, compile) alive: one that outlives its process group
             # into interpreter exit aborts gloo
             self.model_layers, self._entries = self.model_layers[-1:], []

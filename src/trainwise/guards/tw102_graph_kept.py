@@ -23,7 +23,7 @@ from trainwise.guards.outputs import tensors_with_graph
 _WHERE = "(the model)"
 _KEY = "trainwise.TW102"  # the token's key in grad_fn.metadata
 _LAG = 3  # a forward made when guard.step was s is judged after step s + 3: two full steps after its own
-_MAX_PENDING = 4096  # forwards waiting for their verdict, at most (a loop whose optimizer never steps)
+_MAX_PENDING = 4096  # forwards waiting for their verdict, at most (a loop that takes no step): then none is tagged
 
 
 class GraphLifetime:
@@ -47,7 +47,7 @@ class GraphKeptAcrossSteps(Check):
     def on_install(self) -> None:
         # nothing runs on the steps between: a sampled step's forwards are tagged (after_forward listened to
         # from step s to s + 1) and judged after step s + _LAG, at calls the guard makes on those steps only
-        if self.guard.optimizer is None:  # no optimizer steps to keep a graph across
+        if self.guard.optimizer is None and not self.guard.steps_at_backward:  # no step to keep a graph across
             self.guard.listen(self, "after_forward", False)
             return
         self._sample(first=True)
@@ -62,6 +62,15 @@ class GraphKeptAcrossSteps(Check):
         self.guard.at_step(step + _LAG, self._judge)
         self.guard.at_step(step + sample_gap(step), self._sample)
 
+    def take_over(self, previous: Check) -> None:
+        # the forwards the replaced guard tagged came before this guard's first step: they are its step 0's
+        if not isinstance(previous, GraphKeptAcrossSteps):
+            return
+        if previous._done:
+            self._done = True
+            return
+        self._pending.extendleft((0, ref) for _, ref in reversed(previous._pending) if ref() is not None)
+
     def _stop_tagging(self) -> None:
         self.guard.listen(self, "after_forward", False)
 
@@ -70,7 +79,8 @@ class GraphKeptAcrossSteps(Check):
     ) -> None:
         if self._done or not module.training or not torch.is_grad_enabled():
             return None
-        if len(self._pending) >= _MAX_PENDING:
+        if len(self._pending) >= _MAX_PENDING:  # forwards without a step (no optimizer step, no backward)
+            self.guard.listen(self, "after_forward", False)
             return None
         tensors = tensors_with_graph(output)
         if not tensors:

@@ -56,10 +56,19 @@ class Float16WithoutScaler(Check):
         self._fp16 = False  # the last forward with grad enabled on this sampled step ran under float16 autocast
         self._done = False
         self.guard.listen(self, "before_step", False)  # called at a sampled step only after a float16 forward
-        if self.guard.optimizer is None:  # no steps to judge
-            self.guard.listen(self, "before_forward", False)
+        if self.guard.optimizer is None:  # no optimizer step to judge
+            if self.guard.steps_at_backward:  # the first step's forwards noted for a guard that takes over
+                self.guard.at_step(1, self._stop)
+            else:
+                self.guard.listen(self, "before_forward", False)
             return
         self._sample(first=True)
+
+    def take_over(self, previous: Check) -> None:
+        # the forward before the optimizer's first step ran under the replaced guard: its autocast is judged now
+        if isinstance(previous, Float16WithoutScaler) and previous._fp16 and not self._done:
+            self._fp16 = True
+            self.guard.listen(self, "before_step", True)
 
     def _sample(self, *, first: bool = False) -> None:
         if self._done:

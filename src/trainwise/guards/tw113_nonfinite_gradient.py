@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -20,7 +21,9 @@ class NonFiniteGradient(Check):
     (``torch._foreach_norm``, one call) and names the first that is not finite and the steps since the last
     check (``check_every=1`` names the exact step, at one host sync a step). Steps a ``GradScaler`` skips
     (``step()`` not called, or a fused optimizer's ``found_inf``) leave the weights finite and so unreported.
-    Weights already non-finite when the guard starts (a broken checkpoint) are reported as such.
+    Weights already non-finite when the guard starts (a broken checkpoint) are reported as such. Without an
+    optimizer (an update written out, ``p.data.add_(p.grad, alpha=-lr)``) the model's trainable parameters are
+    read, the steps counted by backward passes.
     """
 
     code = "TW113"
@@ -30,29 +33,33 @@ class NonFiniteGradient(Check):
         self._done = False
         self._groups = -1
         self._checked_at = 0  # the guard's step at the last check: the interval starts after it
+        self._params: list[torch.Tensor] = []
         optimizer = self.guard.optimizer
         if optimizer is not None:
-            self._load(optimizer)
+            self._load(optimizer.param_groups)
+        elif self.guard.steps_at_backward:  # a loop that updates the weights itself: the trainable ones
+            self._load([{"params": [p for p in self.guard.model.parameters() if p.requires_grad]}])
+        if self._params:
             self._judge(before_training=True)
 
-    def _load(self, optimizer: torch.optim.Optimizer) -> None:
-        """Cache the optimizer's parameters and their names (again when a parameter group is added)."""
+    def _load(self, groups: list[dict[str, Any]]) -> None:
+        """Cache the parameters of the optimizer's groups and their names (again when a group is added)."""
         names = {id(p): name for name, p in self.guard.model.named_parameters()}
-        self._params = [p for group in optimizer.param_groups for p in group["params"]]
+        self._params = [p for group in groups for p in group["params"]]
         self._names = [
             names.get(id(p), f"param_groups[{g}][{i}]")
-            for g, group in enumerate(optimizer.param_groups) for i, p in enumerate(group["params"])
+            for g, group in enumerate(groups) for i, p in enumerate(group["params"])
         ]
-        self._groups = len(optimizer.param_groups)
+        self._groups = len(groups)
         # float32 norms keep float16 ones from overflowing; float64 or complex weights keep their own dtype
         self._dtype = torch.float32 if all(p.dtype in _LOW for p in self._params) else None
 
     def on_check(self) -> None:
         optimizer = self.guard.optimizer
-        if self._done or optimizer is None:
+        if self._done or not self._params:
             return
-        if len(optimizer.param_groups) != self._groups:
-            self._load(optimizer)
+        if optimizer is not None and len(optimizer.param_groups) != self._groups:
+            self._load(optimizer.param_groups)
         self._judge(before_training=False)
 
     def _judge(self, *, before_training: bool) -> None:
@@ -84,7 +91,8 @@ class NonFiniteGradient(Check):
             fix = "load finite weights before training"
         else:
             steps = f"at step {last}" if first == last else f"at one of steps {first}-{last}"
-            when = f"turned inf or NaN: the optimizer applied an inf or NaN gradient {steps}"
+            who = "the optimizer" if self.guard.optimizer is not None else "an update"
+            when = f"turned inf or NaN: {who} applied an inf or NaN gradient {steps}"
             fix = ("find the overflowing loss or layer (check_every=1 names the exact step and the first parameter), "
                    "lower the learning rate, clip with torch.nn.utils.clip_grad_norm_, or train float16 with a "
                    "torch.amp.GradScaler")
