@@ -317,3 +317,66 @@ report = net.load_pretrained("c.pt")
 assert not report.unexpected_keys
 """
     assert _codes({"nets/base.py": _LOADERS, "train.py": train}, "TW302") == []
+
+
+_LEARNER = """
+import torch
+from torch import nn
+
+
+class Backbone(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv1d(3, 8, 3), {norm}, nn.ReLU())
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.body(x).mean(-1))
+
+
+class Learner:
+    def __init__(self, model, loader):
+        self.model = model
+        self.loader = loader
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+
+    def freeze(self):
+        for p in self.model.parameters():
+            p.requires_grad = False
+        for p in self.model.head.parameters():
+            p.requires_grad = True
+
+    def one_epoch(self):
+        self.model.train()
+        for x, y in self.loader:
+            self.opt.zero_grad()
+            torch.nn.functional.cross_entropy(self.model(x), y).backward()
+            self.opt.step()
+
+    def fit(self, n):
+        for _ in range(n):
+            self.one_epoch()
+
+    def linear_probe(self, n):
+        {probe}
+
+
+learner = Learner(Backbone(), [])
+learner.linear_probe(3)
+"""
+
+
+def test_a_trainer_class_that_freezes_in_one_method_and_trains_in_another_puts_batchnorm_back_in_train_mode():
+    for probe in ("self.freeze()\n        self.fit(n)", "self.freeze()\n        for _ in range(n):\n"
+                  "            self.one_epoch()"):
+        source = _LEARNER.format(norm="nn.BatchNorm1d(8)", probe=probe)
+        assert _codes({"learner.py": source}, "TW108") == [("learner.py", 29)], probe
+
+
+def test_a_freeze_after_training_or_a_model_without_batchnorm_stays_silent():
+    after = _LEARNER.format(norm="nn.BatchNorm1d(8)", probe="self.fit(n)\n        self.freeze()")
+    no_norm = _LEARNER.format(norm="nn.LayerNorm(6)", probe="self.freeze()\n        self.fit(n)")
+    kept_eval = _LEARNER.format(norm="nn.BatchNorm1d(8)", probe="self.freeze()\n        self.fit(n)").replace(
+        "        self.model.train()\n", "        self.model.train()\n        self.model.body.eval()\n")
+    for source in (after, no_norm, kept_eval):
+        assert _codes({"learner.py": source}, "TW108") == [], source

@@ -29,6 +29,7 @@ from trainwise.doctor.context.syntax import (
     keyword,
     method_call,
     position,
+    walk_own,
 )
 from trainwise.doctor.context.values import built_by
 
@@ -192,7 +193,7 @@ class Freezes:
         any: on a module's parameters, on one parameter; an assignment on a module sets nothing (TW110)."""
         loop = self._param_loop(target, stmt)
         if loop is not None:
-            module = dotted(loop.iter.func.value)  # type: ignore[union-attr]
+            module = self._module_path(loop.iter.func.value)  # type: ignore[union-attr]
             return [Freeze(module, module, stmt, frozen, self._extent(loop, stmt))]  # type: ignore[arg-type]
         path = dotted(target)
         if path is None:
@@ -210,6 +211,14 @@ class Freezes:
         direct = isinstance(inner, ast.stmt) and any(inner is s for s in loop.stmt.body)  # type: ignore[attr-defined]
         return WHOLE if direct else MOST
 
+    def _module_path(self, expr: ast.expr) -> str | None:
+        """The dotted name of the module ``expr`` is, through moves and unwrapping (``get_model(self.model)``)."""
+        expr = self.ctx.strip_moves(expr)
+        if isinstance(expr, ast.Attribute):
+            base = self._module_path(expr.value)
+            return f"{base}.{expr.attr}" if base is not None else None
+        return dotted(expr)
+
     def _param_loop(self, expr: ast.AST, at: ast.AST) -> Binding | None:
         """The ``for p in module.parameters()`` (or ``named_parameters()``) loop that binds ``expr``."""
         if not isinstance(expr, ast.Name):
@@ -219,7 +228,7 @@ class Freezes:
                                                                                     "named_parameters"):
                 if b.iter.func.attr == "named_parameters" and b.index != 1:  # type: ignore[union-attr]
                     return None
-                if dotted(b.iter.func.value) is None:  # type: ignore[union-attr]
+                if self._module_path(b.iter.func.value) is None:  # type: ignore[union-attr]
                     return None
                 return b
         return None
@@ -408,10 +417,70 @@ class Freezes:
                         path = receiver + module[len("self"):]
                 elif own_cls is not None and owner is own_cls and under(module, receiver) and flags == []:
                     path = module  # a trainer class: self.model.backbone frozen in its __init__
+            elif (isinstance(stmt_scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and own_cls is not None
+                  and self.ctx.enclosing_class(stmt) is own_cls and under(module, receiver)
+                  and self._unconditional(stmt, stmt_scope)
+                  and self._runs_before(own_cls, stmt_scope, scope, self._unfreezers(own_cls, module))):
+                # a trainer's self.freeze(), then self.train_epoch() that calls self.model.train(): the order of
+                # the methods' calls says whether an unfreeze came between
+                if module not in parts:
+                    parts.append(module)
+                    self.frozen_at.setdefault(module, stmt)
+                continue
             if path is not None and not self._unfrozen_before(path, receiver, call) and path not in parts:
                 parts.append(path)
                 self.frozen_at.setdefault(path, stmt)
         return parts
+
+    def _unconditional(self, stmt: ast.AST, fn: ast.AST) -> bool:
+        """Whether ``stmt`` runs whenever ``fn`` does, but for tests of the model's structure (``if
+        hasattr(model, "head"):``, which a model that is frozen but for its head passes)."""
+        if _functions(self.ctx).flag_conditions(stmt, fn) == []:  # type: ignore[arg-type]
+            return True
+        for parent in self.ctx.ancestors(stmt):
+            if parent is fn:
+                return True
+            if isinstance(parent, (ast.If, ast.While)) and not (
+                    isinstance(parent.test, ast.Call) and isinstance(parent.test.func, ast.Name)
+                    and parent.test.func.id == "hasattr"):
+                return False
+        return False
+
+    def _unfreezers(self, cls: ast.ClassDef, module: str) -> set[str]:
+        """The methods of ``cls`` that unfreeze ``module`` (or a module holding it)."""
+        return {fn.name for fn in cls.body if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and any(not frozen and under(module, part) and self.ctx.is_inside(stmt, fn)
+                        for part, stmt, frozen in self.all())}
+
+    def _runs_before(self, cls: ast.ClassDef, freezer: ast.AST, trainer: ast.AST, unfreezers: set[str]) -> bool:
+        """Whether a method of ``cls`` calls ``self.<freezer>()`` and then, later in the same method and with no
+        call of an ``unfreezers`` method between, a method that is (or calls, through ``self.`` calls, three
+        levels deep) ``trainer``: ``linear_probe`` calling ``self.freeze()`` and then ``self.fit(...)``, which
+        runs ``self.model.train()`` every epoch."""
+        if not isinstance(freezer, (ast.FunctionDef, ast.AsyncFunctionDef)) or not isinstance(
+                trainer, (ast.FunctionDef, ast.AsyncFunctionDef)) or freezer is trainer:
+            return False
+        methods = {fn.name: fn for fn in cls.body if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+        def self_calls(fn: ast.AST) -> list[ast.Call]:
+            return [n for n in walk_own(fn.body) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)  # type: ignore[attr-defined]
+                    and dotted(n.func.value) == "self" and n.func.attr in methods]
+
+        reaching = {trainer.name}
+        for _ in range(3):  # the methods that reach the trainer through self.<method>() calls
+            reaching |= {name for name, fn in methods.items()
+                         if any(c.func.attr in reaching for c in self_calls(fn))}  # type: ignore[attr-defined]
+        for fn in methods.values():
+            frozen = False
+            for c in sorted(self_calls(fn), key=position):
+                name = c.func.attr  # type: ignore[attr-defined]
+                if name == freezer.name:
+                    frozen = True
+                elif name in unfreezers:
+                    frozen = False
+                elif frozen and name in reaching:
+                    return True
+        return False
 
     def _global(self, name: str, at: ast.AST) -> bool:
         """Whether ``name`` at ``at`` is the module-level variable (not a local or parameter of the same name)."""

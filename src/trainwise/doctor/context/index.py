@@ -562,10 +562,40 @@ class FileIndex:
                     and value.func.attr in ("to", "cuda", "cpu", "float")):
                 value = value.func.value  # type: ignore[attr-defined]
             elif (isinstance(value, ast.Call) and len(value.args) == 1 and not isinstance(value.args[0], ast.Starred)
-                  and self.qualname(value.func) == "torch.compile"):
+                  and (self.qualname(value.func) == "torch.compile" or self._unwraps(value.func))):
                 value = value.args[0]
             else:
                 return value
+
+    def _unwraps(self, func: ast.expr) -> bool:
+        """``accelerator.unwrap_model``, or a function of this file that hands back the model it is given, or
+        the one inside a ``DataParallel``/DDP wrapper (``return model.module if isinstance(model, DDP) else
+        model``): what it returns is that model."""
+        if isinstance(func, ast.Attribute):
+            return func.attr == "unwrap_model"
+        if not isinstance(func, ast.Name):
+            return False
+        found = self.functions_named(func.id)  # type: ignore[attr-defined]
+        return len(found) == 1 and _hands_back_its_argument(found[0])
+
+
+def _hands_back_its_argument(fn: ast.AST) -> bool:
+    """Whether a one-parameter function's every ``return`` gives the parameter or its ``.module`` (also as
+    either side of ``a if test else b``), and it has at least one."""
+    args = getattr(fn, "args", None)
+    if not isinstance(args, ast.arguments) or len(args.posonlyargs) + len(args.args) != 1:
+        return False
+    name = (args.posonlyargs or args.args)[0].arg
+
+    def model(expr: ast.AST | None) -> bool:
+        if isinstance(expr, ast.IfExp):
+            return model(expr.body) and model(expr.orelse)
+        if isinstance(expr, ast.Attribute) and expr.attr == "module":
+            expr = expr.value
+        return isinstance(expr, ast.Name) and expr.id == name
+
+    returns = [n for n in ast.walk(fn) if isinstance(n, ast.Return)]
+    return bool(returns) and all(model(r.value) for r in returns)
 
 
 # Past this many ancestors, ``scope`` remembers its answer for every node on the way (see ``_deep_scope``).
