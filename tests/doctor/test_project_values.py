@@ -380,3 +380,46 @@ def test_a_freeze_after_training_or_a_model_without_batchnorm_stays_silent():
         "        self.model.train()\n", "        self.model.train()\n        self.model.body.eval()\n")
     for source in (after, no_norm, kept_eval):
         assert _codes({"learner.py": source}, "TW108") == [], source
+
+
+_AMP_HELPER = """
+import torch
+import torch.nn.functional as F
+
+def loss_step(model, batch, mixed_precision=False):
+    x, y = batch
+    if mixed_precision:
+        with torch.cuda.amp.autocast():
+            out = model(x)
+    else:
+        out = model(x)
+    return F.mse_loss(out.float(), y)
+
+def tune(model, loader, optimizer):
+    for batch in loader:
+        optimizer.zero_grad()
+        loss = loss_step(model, batch, {flag})
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_float16_autocast_in_a_loss_helper_whose_result_the_caller_backpropagates():
+    unguarded = _AMP_HELPER.replace("    if mixed_precision:\n        with torch.cuda.amp.autocast():\n",
+                                    "    with torch.autocast('cuda', dtype=torch.float16):\n").replace(
+        "    else:\n        out = model(x)\n", "")
+    for source in (_AMP_HELPER.format(flag="mixed_precision=True"), unguarded.format(flag="True")):
+        assert len(_codes({"train.py": source}, "TW109")) == 1, source
+
+
+def test_a_helper_run_without_its_autocast_scaled_or_in_bfloat16_stays_silent():
+    off = _AMP_HELPER.format(flag="mixed_precision=False")
+    scaled = _AMP_HELPER.format(flag="mixed_precision=True").replace(
+        "        loss.backward()\n        optimizer.step()",
+        "        scaler.scale(loss).backward()\n        scaler.step(optimizer)\n        scaler.update()") + \
+        "scaler = torch.amp.GradScaler()\n"
+    bf16 = _AMP_HELPER.format(flag="mixed_precision=True").replace(
+        "torch.cuda.amp.autocast()", "torch.autocast('cuda', dtype=torch.bfloat16)")
+    evaluated = _AMP_HELPER.format(flag="mixed_precision=True").replace("        loss.backward()\n", "")
+    for source in (off, scaled, bf16, evaluated):
+        assert _codes({"train.py": source}, "TW109") == [], source

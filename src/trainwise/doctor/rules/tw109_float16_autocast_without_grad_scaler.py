@@ -120,9 +120,15 @@ class Float16AutocastWithoutGradScaler(Rule):
         if self._file_scales():
             return
         region = self.ctx.enclosing_loop(call) or self.ctx.scope(call)
-        if isinstance(region, ast.Module) or not _calls_backward(self.ctx, region):
+        if isinstance(region, ast.Module):
             return
         what = "autocast runs in float16 in a loop that calls backward(), and no GradScaler scales the loss"
+        if not _calls_backward(self.ctx, region):
+            caller = self._backpropagating_caller(call, region)
+            if caller is None:
+                return
+            what = (f"autocast runs in float16 in `{region.name}`, whose result `{caller}` passes to backward(), "  # type: ignore[attr-defined]
+                    f"and no GradScaler scales the loss")
         if self._via is not None:
             what = (f"`{self._via}` can be \"cuda\", where autocast with no dtype runs in float16; this loop calls "
                     f"backward() and no GradScaler scales the loss")
@@ -130,6 +136,31 @@ class Float16AutocastWithoutGradScaler(Rule):
             call,
             f"{what}: small gradients underflow to zero; use torch.amp.GradScaler, or dtype=torch.bfloat16",
         )
+
+    def _backpropagating_caller(self, autocast: ast.Call, fn: ast.AST) -> str | None:
+        """Where a loss function's float16 result is backpropagated: ``fn`` (a function of the file) computes
+        under the autocast and returns, and a call of it in this file passes it on to ``backward()``
+        (``loss = loss_step(batch, mixed_precision=True)``, then ``loss.backward()``), passing true for every
+        parameter whose ``if`` guards the autocast. The caller's name, or None."""
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or self.ctx.enclosing_class(fn) is not None:
+            return None
+        if not any(isinstance(n, ast.Return) and n.value is not None for n in walk_own(fn.body)):
+            return None
+        guards = [p.test.id for p in self.ctx.ancestors(autocast)  # type: ignore[union-attr]
+                  if isinstance(p, ast.If) and self.ctx.is_inside(p, fn) and isinstance(p.test, ast.Name)]
+        for site in self.ctx.call_sites(fn):
+            if not isinstance(site.func, ast.Name):
+                continue
+            if not all(is_const(argument(fn, g, site, default=True), True) for g in guards):
+                continue
+            outer = self.ctx.scope(site)
+            parent = self.ctx.parent(site)
+            if isinstance(parent, ast.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0], ast.Name):
+                name = parent.targets[0].id
+                if any(method_call(n, "backward") and dotted(n.func.value) == name  # type: ignore[attr-defined]
+                       for n in walk_own(outer.body if hasattr(outer, "body") else [])):  # type: ignore[attr-defined]
+                    return getattr(outer, "name", "the script")
+        return None
 
     def visit_Call(self, node: ast.Call) -> None:
         """``model.half()``, ``model.to(torch.float16)``: a module whose weights are float16, then trained."""
