@@ -423,3 +423,56 @@ def test_a_helper_run_without_its_autocast_scaled_or_in_bfloat16_stays_silent():
     evaluated = _AMP_HELPER.format(flag="mixed_precision=True").replace("        loss.backward()\n", "")
     for source in (off, scaled, bf16, evaluated):
         assert _codes({"train.py": source}, "TW109") == [], source
+
+
+_WINDOW = """
+import torch
+
+def train(model, loader, opt, k, scaler=None):
+    for i, (x, y) in enumerate(loader):
+{body}
+"""
+
+
+def test_zero_grad_every_micro_batch_while_stepping_every_k_erases_the_accumulation():
+    plain = """        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y) / k
+        loss.backward()
+        if (i + 1) % k == 0:
+            opt.step()"""
+    scaled = """        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+        if scaler:
+            scaler.scale(loss / k).backward()
+        else:
+            (loss / k).backward()
+        if i % k == 0:
+            if scaler:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()"""
+    for body in (plain, scaled):
+        assert _codes({"train.py": _WINDOW.format(body=body)}, "TW111") == [("train.py", 6)], body
+
+
+def test_zero_grad_after_the_step_a_step_with_its_own_backward_or_a_skip_test_stays_silent():
+    after_step = """        loss = torch.nn.functional.mse_loss(model(x), y) / k
+        loss.backward()
+        if (i + 1) % k == 0:
+            opt.step()
+            opt.zero_grad()"""
+    own_backward = """        opt.zero_grad()
+        if i % k == 0:
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        other = model(x).sum()
+        other.backward()"""
+    skip = """        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        if torch.isfinite(loss):
+            opt.step()"""
+    for body in (after_step, own_backward, skip):
+        assert _codes({"train.py": _WINDOW.format(body=body)}, "TW111") == [], body

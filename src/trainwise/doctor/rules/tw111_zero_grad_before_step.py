@@ -19,7 +19,10 @@ class ZeroGradBeforeStep(Rule):
 
     ## What it does
     Finds `optimizer.zero_grad()` after a `backward()` and before `optimizer.step()` (or
-    `scaler.step(optimizer)`), with no `backward()` in between.
+    `scaler.step(optimizer)`), with no `backward()` in between. Finds the same across iterations: gradient
+    accumulation whose loop calls `optimizer.zero_grad()` and `backward()` on every iteration but steps
+    only under a periodic test (`if (i + 1) % k == 0:`), so every micro-batch's gradient but the last is
+    erased before the step.
 
     ## Why is this bad?
     `backward()` writes the gradients, `zero_grad()` erases them, and `step()` then applies nothing (or,
@@ -27,7 +30,9 @@ class ZeroGradBeforeStep(Rule):
     curve just stays flat without any error. Zero the gradients before the backward pass or after the step.
 
     The rule stays silent when the gradients are zeroed before `backward()` or after `step()`, and when
-    another `backward()` comes between `zero_grad()` and `step()`.
+    another `backward()` comes between `zero_grad()` and `step()`: also when the periodic block runs a
+    backward of its own (a GAN's generator trained every `n_critic` batches), and when the step's test is
+    not periodic (`if torch.isfinite(loss):` skips a bad step, it accumulates nothing).
 
     ## Example
     ```python
@@ -72,6 +77,44 @@ class ZeroGradBeforeStep(Rule):
     def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
         """Scan a coroutine's statements."""
         self._run(node.body, False)
+
+    def visit_For(self, node: ast.For) -> None:
+        """A loop whose every iteration zeroes what only some iterations step (see ``_erased_accumulation``)."""
+        self._erased_accumulation(node)
+
+    def visit_While(self, node: ast.While) -> None:
+        """The same for a ``while`` loop."""
+        self._erased_accumulation(node)
+
+    def _erased_accumulation(self, loop: ast.For | ast.While) -> None:
+        """``opt.zero_grad()`` and ``backward()`` on every iteration, ``opt.step()`` only under ``if i % k ==
+        0:``: gradient accumulation whose every micro-batch but the last is erased before the step."""
+        if "zero_grad" not in self.ctx.method_receivers:
+            return
+        every: list[tuple[str, str | None, ast.AST]] = []
+        periodic: list[tuple[str, str | None, ast.AST]] = []
+        backward_always = False
+        for stmt in _unconditional(loop.body):
+            if isinstance(stmt, ast.If) and _periodic(stmt.test):
+                periodic += [e for block in _blocks(stmt) for e in self._flat(block)]
+            elif not isinstance(stmt, _COMPOUND):
+                every += self._flat([stmt])
+            elif isinstance(stmt, ast.If) and stmt.orelse and all(
+                    any(kind == "backward" for kind, _, _ in self._flat(block)) for block in (stmt.body, stmt.orelse)):
+                backward_always = True  # `if scaler: scaler.scale(loss).backward() else: loss.backward()`
+        if not backward_always and not any(kind == "backward" for kind, _, _ in every):
+            return
+        if any(kind == "backward" for kind, _, _ in periodic):
+            return  # the periodic step has a backward of its own (a GAN's generator every n_critic batches)
+        stepped = ({key for kind, key, _ in periodic if kind == "step"}
+                   - {key for kind, key, _ in every if kind in ("step", "closure_step")})
+        for kind, key, node in every:
+            if kind == "zero" and key in stepped and node not in self._reported:
+                self._reported.add(node)
+                self.report(node, f"`{key}.zero_grad()` runs every iteration, but `{key}` steps only every few "
+                                  f"(under a `%` test): each step applies the last micro-batch's gradient alone, the "
+                                  f"accumulated ones are erased; zero the gradients right after the step instead")
+                return
 
     def _run(self, statements: list[ast.stmt], backward_open: bool) -> None:
         """Follow backward / zero_grad / step events in order; nested blocks start with the state before them."""
@@ -163,6 +206,20 @@ class ZeroGradBeforeStep(Rule):
         if known is None:
             known = self._statement_calls[id(stmt)] = _calls(stmt, self._calls)
         return known
+
+
+def _unconditional(statements: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of a loop body that run on every iteration (the bodies of ``with`` blocks included)."""
+    for stmt in statements:
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            yield from _unconditional(stmt.body)
+        elif not isinstance(stmt, DEFINITIONS):
+            yield stmt
+
+
+def _periodic(test: ast.expr) -> bool:
+    """``(i + 1) % k == 0`` and the like: a test that holds on every k-th iteration."""
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(test))
 
 
 def _blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
