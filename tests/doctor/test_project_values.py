@@ -476,3 +476,50 @@ def test_zero_grad_after_the_step_a_step_with_its_own_backward_or_a_skip_test_st
             opt.step()"""
     for body in (after_step, own_backward, skip):
         assert _codes({"train.py": _WINDOW.format(body=body)}, "TW111") == [], body
+
+
+_PLANNER = """
+import torch
+
+
+class Planner:
+    def __init__(self, network, path):
+        self.network = network
+        self.path = path
+
+    def initialize(self):
+        self.network.load_state_dict(torch.load(self.path, weights_only=True))
+        self.network.eval()
+
+    {decorator}
+    def plan(self, observation):
+        outputs = self.network(torch.as_tensor(observation))
+        return outputs.detach().cpu().numpy()
+"""
+
+
+def test_an_inference_class_running_its_eval_mode_model_with_autograd_on():
+    source = _PLANNER.format(decorator="")
+    assert _codes({"planner.py": source}, "TW104") == [("planner.py", 16)]
+    caller = "from planner import Planner\np = Planner(net, 'w.pt')\np.initialize()\nprint(p.plan(obs))\n"
+    assert _codes({"planner.py": source, "run.py": caller}, "TW104") == [("planner.py", 16)]
+
+
+def test_an_inference_class_under_no_grad_put_back_in_train_mode_or_differentiated_by_a_caller_stays_silent():
+    no_grad = _PLANNER.format(decorator="@torch.no_grad()")
+    trained = _PLANNER.format(decorator="").replace("        self.network.eval()\n",
+                                                    "        self.network.eval()\n\n    def tune(self):\n"
+                                                    "        self.network.train()\n")
+    for source in (no_grad, trained):
+        assert _codes({"planner.py": source}, "TW104") == [], source
+    guidance = """
+import torch
+from planner import Planner
+critic = Planner(net, "w.pt")
+critic.initialize()
+image = torch.zeros(3, requires_grad=True)
+for _ in range(10):
+    score = critic.plan(image)
+    score.sum().backward()
+"""
+    assert _codes({"planner.py": _PLANNER.format(decorator=""), "guide.py": guidance}, "TW104") == []

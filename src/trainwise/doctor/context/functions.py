@@ -115,6 +115,7 @@ class Functions:
         self._eval_loops: list[EvalLoop] | None = None
         self._inference_loops: list[tuple[ast.AST, tuple[ast.Call, ...]]] | None = None
         self._entered_in_eval: list[tuple[ast.AST, tuple[ast.Call, ...]]] | None = None
+        self._inference_methods: list[tuple[ast.AST, tuple[ast.Call, ...]]] | None = None
         self._switches: dict[int, list[Switch]] = {}
 
     # ------------------------------------------------------------------------------------- call resolution
@@ -393,6 +394,50 @@ class Functions:
                 return False
             child = parent
         return False
+
+    def inference_methods(self) -> list[tuple[ast.AST, tuple[ast.Call, ...]]]:
+        """Methods of a class that is no module (a planner, a predictor, an agent wrapper) that run a model the
+        class puts in eval mode and never back in train mode, in a file that trains nothing, when no file of the
+        project that trains calls a method of that name: each call records a graph nothing uses."""
+        if self._inference_methods is not None:
+            return self._inference_methods
+        found: list[tuple[ast.AST, tuple[ast.Call, ...]]] = []
+        self._inference_methods = found
+        if self._trains_here(self.ctx.tree):
+            return found
+        for cls in self.ctx.nodes(ast.ClassDef):
+            if self.ctx.is_module_class(cls):  # type: ignore[arg-type]
+                continue
+            methods = [f for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]  # type: ignore[attr-defined]
+            switched = [(dotted(_unchain(c.func.value)), _is_eval_call(c)) for m in methods for c in walk_own(m.body)
+                        if isinstance(c, ast.Call) and method_call(c, "eval", "train")]
+            models = {name for name, to_eval in switched if to_eval and name and name.startswith("self.")}
+            models -= {name for name, to_eval in switched if not to_eval}
+            if not models:
+                continue
+            for method in methods:
+                if method.name.startswith("__"):
+                    continue
+                calls = tuple(c for c in self._model_calls(method)
+                              if any(_same_or_below(dotted(c.func), m) for m in models))
+                if calls and not self._trained_through(method.name):
+                    found.append((method, calls))
+        return found
+
+    def _trained_through(self, name: str) -> bool:
+        """Whether a file of the project that trains (or this one) calls a method called ``name``: its result
+        may be differentiated there (a frozen critic's score in a loss, CLIP guidance)."""
+        program = self.ctx.program
+        if program is None:
+            return False
+        here = self.ctx.path
+
+        def training_callers(ctx: Context) -> list[str]:
+            trains = functions(ctx)._trains_here(ctx.tree)
+            return [ctx.path] if trains and ctx.calls_named(name) else []
+
+        return any(program.same_project(path, here)
+                   for path in program.gather(f"trains, calls {name}", training_callers, needles=(name,)))
 
     def inference_loops(self) -> list[tuple[ast.AST, tuple[ast.Call, ...]]]:
         """The data loops of a script that never trains, with the model calls each runs: the file computes,

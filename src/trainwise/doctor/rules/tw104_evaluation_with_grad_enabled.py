@@ -44,7 +44,13 @@ class EvaluationWithGradEnabled(Rule):
     - a loop over data (`while not done`, a loader, `for step in range(num_steps)`) that runs a model in a
       script that never trains: the file computes, applies and clears no gradient, builds no optimizer, and
       calls no function of another file nor member of a model that does; the loop is in its top-level code or
-      in a same-file function that code calls (a play, predict or demo script, `eval()` or not).
+      in a same-file function that code calls (a play, predict or demo script, `eval()` or not);
+    - a module-level function whose every call (from this file or another of the run) passes a model its
+      caller put in eval mode before (`model.eval()`, then `evaluate_valid(model, data)`), under any name;
+    - a method of a class that is no module (a planner, a predictor, an attack) that runs a model the class
+      puts in eval mode (`self.network.eval()` in `initialize`) and never back in train mode, in a file that
+      trains nothing, when no file of the project that trains calls a method of that name (a frozen critic's
+      score differentiated in a loss, CLIP guidance, stays silent).
 
     An evaluation function called from other files of the run (`evaluate(model, val_loader)` in `train.py`,
     defined in `utils/engine.py`) is judged with those calls: any call made with autograd off (or under
@@ -147,6 +153,11 @@ class EvaluationWithGradEnabled(Rule):
                 calls = [c for c in loop_calls if id(c) not in covered]
                 if calls and not self._hook(loop):
                     regions.append((loop, calls))
+                    covered.update(id(c) for c in calls)
+            for method, method_calls in summaries.inference_methods():
+                calls = [c for c in method_calls if id(c) not in covered]
+                if calls:
+                    regions.append((method, calls))
                     covered.update(id(c) for c in calls)
             for loop, loop_calls in summaries.inference_loops():
                 calls = [c for c in loop_calls if id(c) not in covered]
