@@ -25,7 +25,10 @@ class GraphKeptAcrossIterations(Rule):
     loop, while autograd is on. A running total or list that a function returns counts too when that
     function runs `backward()` itself (`loss.backward()`, `scaler.scale(loss).backward()`,
     `accelerator.backward(loss)`): it returns `running / len(loader)` or the list of losses for logging or
-    plotting, not for its caller to backpropagate.
+    plotting, not for its caller to backpropagate. A loss handed to a method that adds it to its object's
+    state counts too (`meter.update(loss, n)` where every class of the project defining `update` does
+    `self.sum += val * n` or appends its argument), unless the object comes from a library
+    (`torchmetrics.MeanMetric()`) or a class of the project defines the method without keeping it.
 
     ## Why is this bad?
     A tensor computed with autograd on holds its whole computation graph, activations included. A running

@@ -48,9 +48,11 @@ class FrozenBatchnormInTrainMode(Rule):
     no `.eval()` of the frozen part after the `.train()`. The function may be in another file of the run:
     `fit_one_epoch(model_train, ...)` in `train.py` calling `model_train.train()` in `utils/utils_fit.py`
     (and training there, or called once per epoch) is reported at the call, naming the `.train()` line and
-    the line that freezes. A `.train()` that puts back a saved mode (`was_training = model.training`, then
-    `model.train(was_training)` or `if was_training: model.train()`) restores the caller's mode and is not
-    reported.
+    the line that freezes. A trainer class may freeze in one method (`self.freeze()`) and put the model in
+    train mode in another that a method runs after the freeze (`linear_probe` calling `self.freeze()`, then
+    `self.fit(...)` which calls `self.one_epoch()`), with no unfreeze between. A `.train()` that puts back a
+    saved mode (`was_training = model.training`, then `model.train(was_training)` or `if was_training:
+    model.train()`) restores the caller's mode and is not reported.
 
     A framework's own `train()` counts too. A `LightningModule` with a `training_step` that freezes part of
     itself before training (in `__init__`, `setup`, `configure_optimizers`, or a method they call) is trained in

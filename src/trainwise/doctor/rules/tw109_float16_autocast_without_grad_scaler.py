@@ -38,7 +38,9 @@ class Float16AutocastWithoutGradScaler(Rule):
     ## What it does
     Finds `torch.autocast(..., dtype=torch.float16)` (also `torch.cuda.amp.autocast()` and
     `torch.autocast("cuda")`, whose default is float16) around code whose loop, or function, calls
-    `backward()`, in a file that never creates or uses a gradient scaler. The device type may be a variable
+    `backward()`, in a file that never creates or uses a gradient scaler; the autocast may be in a loss
+    function of the file whose result a caller passes to `backward()` (`loss = loss_step(batch,
+    mixed_precision=True)`, the autocast under `if mixed_precision:`). The device type may be a variable
     assigned in the file: `device = "cuda"`, `device = "cuda" if torch.cuda.is_available() else "cpu"` (it
     runs on CUDA wherever a GPU is there), or `device.type` with `device = torch.device(...)` of those.
 

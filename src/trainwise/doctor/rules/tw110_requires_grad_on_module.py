@@ -15,7 +15,9 @@ class RequiresGradOnModule(Rule):
 
     ## What it does
     Finds `<module>.requires_grad = False` where the object is an `nn.Module` (a model, a submodule such
-    as `model.backbone`, a layer from `model.modules()`, `model.classifier[3]`), not a tensor or parameter.
+    as `model.backbone`, a layer from `model.modules()`, `model.classifier[3]`, or an attribute that every
+    module class of the project assigns a module, `self.model.outc` with `self.outc = OutConv(...)`), not a
+    tensor or parameter.
     Finds `<module>.requires_grad = True` too when it tries to unfreeze a part of a model whose parameters
     the same code froze before: `model.classifier[3].requires_grad = True` after
     `for p in model.parameters(): p.requires_grad = False` or `model.requires_grad_(False)`.

@@ -39,7 +39,9 @@ class UncheckedNonStrictLoad(Rule):
 
     ## What it does
     Finds `load_state_dict(state, strict=False)` calls whose result (the named tuple of `missing_keys` and
-    `unexpected_keys`) is discarded, or assigned to names that are never read.
+    `unexpected_keys`) is discarded, or assigned to names that are never read, or only returned by a
+    function or method whose every call in the project drops it (`msg = self.load_state_dict(state,
+    strict=False); return msg`, then `self.load_from_pretrained(path)` as a statement).
 
     It also finds, within one file, a state dict saved from a wrapped model and loaded strictly into the bare
     one: `torch.save(dp_model.state_dict(), path)` with `dp_model = nn.DataParallel(model)` (or
