@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainwise.errors import TrainwiseError
+from trainwise.doctor.engine import code_matches, parse_codes
 
 if TYPE_CHECKING:
     from trainwise.doctor.rule import Finding
@@ -38,47 +38,29 @@ class Selection:
     def parse(cls, *, select: Sequence[str] | None, ignore: Sequence[str] | None,
               fail_on: Sequence[str] | None) -> Selection:
         """Split comma-separated values; a value that matches no doctor rule and no guard is one sentence."""
-        return cls(_codes(select, "--select"), _codes(ignore, "--ignore"), _codes(fail_on, "--fail-on", also="ANY"))
+        guards = _guard_codes()
+        return cls(parse_codes(select, option="--select", guards=guards),
+                   parse_codes(ignore, option="--ignore", guards=guards),
+                   parse_codes(fail_on, option="--fail-on", guards=guards, also=("ANY",)))
 
     def enabled(self, code: str) -> bool:
         """Whether ``code`` is selected and not ignored."""
-        selected = any(_matches(code, p) for p in self.select) if self.select else True
-        return selected and not any(_matches(code, p) for p in self.ignore)
+        selected = any(code_matches(code, p) for p in self.select) if self.select else True
+        return selected and not any(code_matches(code, p) for p in self.ignore)
 
     def fails(self, code: str) -> bool:
         """Whether a finding with ``code`` makes ``--fail-on`` exit 1."""
-        return any(p == "ANY" or _matches(code, p) for p in self.fail_on)
+        return any(p == "ANY" or code_matches(code, p) for p in self.fail_on)
 
     def guard_codes(self) -> list[str]:
         """The runtime checks to run."""
         return [code for code in _guard_codes() if self.enabled(code)]
 
 
-def _matches(code: str, pattern: str) -> bool:
-    return pattern == "ALL" or code.startswith(pattern)
-
-
 def _guard_codes() -> list[str]:
     from trainwise.guards.registry import all_check_classes
 
     return [cls.code for cls in all_check_classes()]
-
-
-def _codes(values: Sequence[str] | None, option: str, *, also: str = "") -> tuple[str, ...]:
-    from trainwise.doctor.rules import all_rules
-
-    known = sorted({r.code for r in all_rules()} | set(_guard_codes()))
-    out = []
-    for value in values or ():
-        for part in str(value).split(","):
-            part = part.strip().upper()
-            if not part:
-                continue
-            if part not in ("ALL", also) and not any(code.startswith(part) for code in known):
-                raise TrainwiseError(f"{option}: {part!r} matches no rule or guard; the codes are "
-                                     f"{', '.join(known)}.")
-            out.append(part)
-    return tuple(out)
 
 
 MAX_PROGRAM_FILES = 500  # files read with the script as one program, at most (else the script alone)

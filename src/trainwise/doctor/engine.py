@@ -44,9 +44,9 @@ class Config:
     def enabled(self, code: str, *, default: bool = True) -> bool:
         """Whether a code is selected (by code, by prefix such as ``TW1``, or by ``ALL``) and not ignored."""
         if code == PARSE_ERROR:
-            return not any(_matches(code, p) for p in self.ignore)
-        selected = any(_matches(code, p) for p in self.select) if self.select else default
-        return selected and not any(_matches(code, p) for p in self.ignore)
+            return not any(code_matches(code, p) for p in self.ignore)
+        selected = any(code_matches(code, p) for p in self.select) if self.select else default
+        return selected and not any(code_matches(code, p) for p in self.ignore)
 
     def rules(self) -> list[type[Rule]]:
         """The rule classes this configuration runs."""
@@ -55,22 +55,31 @@ class Config:
         return [r for r in all_rules() if r.code != PARSE_ERROR and self.enabled(r.code, default=r.default_enabled)]
 
 
-def _matches(code: str, pattern: str) -> bool:
+def code_matches(code: str, pattern: str) -> bool:
+    """Whether a selection pattern (a code, a prefix such as ``TW1``, or ``ALL``) takes ``code``."""
     return pattern == "ALL" or code.startswith(pattern)
 
 
-def parse_codes(values: Iterable[str], *, option: str) -> tuple[str, ...]:
-    """Split comma-separated codes and prefixes; raise ``TrainwiseError`` for one that matches no rule."""
+
+
+
+def parse_codes(values: Iterable[str] | None, *, option: str, guards: Sequence[str] = (),
+                also: Sequence[str] = ()) -> tuple[str, ...]:
+    """Split comma-separated codes and prefixes (``ALL``, and ``also``'s words); raise ``TrainwiseError`` for
+    one that matches no rule (nor, when given, one of the run-time ``guards``' codes)."""
     from trainwise.doctor.rules import all_rules
 
-    codes = [r.code for r in all_rules()]
+    codes = sorted({r.code for r in all_rules()} | set(guards))
     out = []
-    for value in values:
+    for value in values or ():
         for part in str(value).split(","):
             part = part.strip().upper()
             if not part:
                 continue
-            if part != "ALL" and not any(c.startswith(part) for c in codes):
+            if part not in ("ALL", *also) and not any(c.startswith(part) for c in codes):
+                if guards:
+                    raise TrainwiseError(f"{option}: {part!r} matches no rule or guard; the codes are "
+                                         f"{', '.join(codes)}.")
                 raise TrainwiseError(f"{option}: {part!r} matches no rule; see `trainwise doctor --explain TW101` "
                                      f"or docs/rules/ for the codes ({', '.join(codes)}).")
             out.append(part)
@@ -416,4 +425,4 @@ def _os_reason(exc: OSError) -> str:
 
 
 __all__ = ["Config", "FileResult", "analyse", "check_file", "check_in_program", "check_paths", "check_source",
-           "check_sources", "discover", "load_config", "parse_codes"]
+           "check_sources", "code_matches", "discover", "load_config", "parse_codes"]
