@@ -26,12 +26,6 @@ PLOT_HINT = "learning-curve plots need matplotlib: pip install 'trainwise[plot]'
 _LOSS_SERIES = (("train_loss", "training loss"), ("val_loss", "validation loss"))
 
 
-def matplotlib_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("matplotlib") is not None
-
-
 def _monitor_panel(history: Sequence[dict[str, Any]], monitor: str | None) -> str | None:
     """The metric shown beside the loss panel, or None for no second panel.
 

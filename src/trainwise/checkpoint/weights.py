@@ -25,10 +25,8 @@ from typing import Any
 import torch
 
 from trainwise.checkpoint.io import (
-    SAFETENSORS,
     atomic_torch_save,
     check_file,
-    detect_format,
     printable,
     safe_load,
 )
@@ -751,10 +749,6 @@ def safetensors_bytes(weights: Mapping[str, torch.Tensor], metadata: Mapping[str
             f"the weights could not be written as safetensors ({printable(str(exc).strip(), 200)}); write a .pt "
             "file instead, or convert those tensors to a plain dtype first."
         ) from None
-
-
-def is_safetensors(path: str | os.PathLike[str]) -> bool:
-    return detect_format(path) == SAFETENSORS
 
 
 __all__ = [

@@ -94,12 +94,6 @@ def _tomllib():  # type: ignore[no-untyped-def]
     return tomllib
 
 
-def find_pyproject(start: Path) -> Path | None:
-    """The nearest ``pyproject.toml`` at or above ``start`` that has a ``[tool.trainwise.doctor]`` table."""
-    found = _find_doctor_table(start)
-    return None if found is None else found[0]
-
-
 _OUR_TABLE = re.compile(rb"tool\s*\.\s*[\"']?trainwise")
 
 

@@ -156,9 +156,6 @@ def position(node: ast.AST) -> tuple[int, int]:
 
 _LOADER_NAME = re.compile(r"\w*loaders?\w*|(?:\w+_)?dls?(?:_\w+)?", re.IGNORECASE)
 
-def _inside(node: ast.AST, statements: list[ast.stmt]) -> bool:
-    return any(node is s for s in statements)
-
 _NO_GRAPH_METHODS = frozenset({"item", "tolist", "detach", "argmax", "argmin", "numpy"})
 
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda)
