@@ -114,11 +114,11 @@ class GradientAccumulator:
         self._expected: torch.Tensor | int | float | None = None
         # distributed only: mean count per micro-batch of the last window over every process (1 at first)
         self._reference: torch.Tensor | int | float = 1
-        # A stop this process asks for (a preemption signal): under DDP it rides the window's count all-reduce,
-        # so every process learns of it at the same window end with no collective of its own (stop_agreed).
-        self.stop_requested = False
-        self._stop_agreed = False
-        self._stop_pending: tuple[torch.Tensor, Any] | None = None  # the last window's flag, read a window later
+        # distributed only: one more number each window's count all-reduce carries for another part of the loop,
+        # so that it agrees across processes with no collective of its own (the Trainer's RunControl: a
+        # preemption); None: 0 is carried. An object with ``value`` (this process's number) and
+        # ``reduced(total)`` (the window's sum, on the device, not read here), set alike on every process.
+        self.shared: Any = None
 
     @property
     def window_full(self) -> bool:
@@ -129,16 +129,6 @@ class GradientAccumulator:
     def windows(self) -> int:
         """Windows finished so far: optimizer steps taken plus those skipped for non-finite gradients."""
         return self.optimizer_steps + self.skipped_steps
-
-    @property
-    def stop_agreed(self) -> bool:
-        """Whether the processes agreed to stop at this optimizer step. One process: ``stop_requested``. Under
-        DDP or FSDP: some process had set ``stop_requested`` by the step before the previous one; each window's
-        count all-reduce carries the flags and the next window's step reads the sum (its copy to the host has
-        long finished: no wait), so every process turns True after the same step."""
-        if self._stop_pending is None and not self._stop_agreed:  # no count all-reduce has run: one process
-            return self.stop_requested
-        return self._stop_agreed
 
     def ends_window(self, *, last: bool) -> bool:
         """Whether the next micro-batch ends the window: it fills it, or it is the epoch's ``last`` (see
@@ -253,7 +243,6 @@ class GradientAccumulator:
         grads = None  # listed only when something needs them: the common one-micro-batch window does not
         if self.distributed:
             grads = self._grads()
-            self._read_stop()
             count, micro_batches = self._global_count(grads)
             self._reference = _positive(_ratio(count, micro_batches))  # the same on every process
         # after unscale_ (which checks for inf/NaN), so the inf check sees the backpropagated values
@@ -304,33 +293,14 @@ class GradientAccumulator:
             return self._count, self.micro_batches
         device = grads[0].device if grads else torch.device("cpu")
         count = torch.as_tensor(self._count, dtype=torch.float64, device=device)
-        # the third element: how many processes ask to stop (stop_agreed reads it at the next window)
+        shared = self.shared  # the third element: whatever another part of the loop agrees on (0 without one)
         both = torch.stack([count, torch.full_like(count, self.micro_batches),
-                            torch.full_like(count, 1.0 if self.stop_requested else 0.0)])
+                            torch.full_like(count, shared.value if shared is not None else 0.0)])
         dist.all_reduce(both, op=dist.ReduceOp.SUM)
-        self._keep_stop(both[2])
+        if shared is not None:
+            shared.reduced(both[2])
         both = both / dist.get_world_size()
         return both[0], both[1]
-
-    def _keep_stop(self, flag: torch.Tensor) -> None:
-        """Start copying the all-reduced stop flag to the host; CUDA copies in the background (an event marks
-        its end), so the step does not wait for the GPU."""
-        if flag.device.type == "cuda":
-            host = flag.to("cpu", non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            self._stop_pending = (host, event)
-        else:
-            self._stop_pending = (flag, None)
-
-    def _read_stop(self) -> None:
-        """The previous window's all-reduced stop flag, read at this window's step (the same one on every process)."""
-        if self._stop_pending is None or self._stop_agreed:
-            return
-        flag, event = self._stop_pending
-        if event is not None:
-            event.synchronize()
-        self._stop_agreed = bool(flag.item() > 0)
 
     def _window_expected(self, count: torch.Tensor | int | float) -> torch.Tensor | int | float:
         """The expected window count, fixed at the window's first micro-batch (no host sync: may be a tensor)."""

@@ -63,10 +63,28 @@ class TrainingState:
     def __init__(self, fit: Any, epochs: int) -> None:
         self.fit = fit  # the Trainer's view of the run, for the built-in policies (trainwise.policies)
         self.epochs = epochs  # the epochs fit was asked for
-        self.status: str | None = None  # at on_fit_end: finished, stopped_early, interrupted, preempted or failed
-        self.stop_reason: str | None = None
-        self.stop_message: str | None = None  # the sentence the run prints when it stops for stop_reason
         self._logged: dict[str, float] = {}
+
+    @property
+    def status(self) -> str | None:
+        """At ``on_fit_end``: finished, stopped_early, interrupted, preempted or failed (None before)."""
+        return self.fit.outcome.status if self.fit is not None else None
+
+    @status.setter
+    def status(self, status: str) -> None:  # the end: a callback's on_fit_end that raised makes it "failed"
+        self.fit.outcome.status = status
+
+    @property
+    def stop_reason(self) -> str | None:
+        """The reason of the stop requested so far (:meth:`request_stop`), None when none was."""
+        request = self.fit.control.request
+        return None if request is None else request[0]
+
+    @property
+    def stop_message(self) -> str | None:
+        """The sentence the run says when it stops for ``stop_reason``."""
+        request = self.fit.control.request
+        return None if request is None else request[1]
 
     @property
     def epoch(self) -> int:
@@ -120,8 +138,8 @@ class TrainingState:
         """End the run after the current epoch (its validation, record and checkpoint included); under
         torchrun the request of rank 0 decides for every process. The run then says ``message``, by default
         "stopped after epoch N: <reason>."."""
-        self.stop_reason = str(reason)
-        self.stop_message = message if message is not None else f"stopped after epoch {self.epoch}: {reason}."
+        message = message if message is not None else f"stopped after epoch {self.epoch}: {reason}."
+        self.fit.control.request_stop(str(reason), message)
 
     def take_logged(self) -> dict[str, float]:
         logged, self._logged = self._logged, {}

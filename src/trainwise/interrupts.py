@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -59,7 +59,8 @@ def preempt_signal_names(names: Iterable[Any]) -> list[str]:
 
 class StepBoundaryInterrupt:
     """Hold a Ctrl-C (SIGINT) that arrives while ``armed`` until the loop checks ``requested``, and any of the
-    ``preempt`` signals until it checks ``preempted``.
+    ``preempt`` signals until it checks ``preempted``; ``on_signal`` is called when either is set (the Trainer's
+    :class:`~trainwise.run_control.RunControl` learns of it there, so its loop reads one flag a step).
 
     >>> with StepBoundaryInterrupt(preempt=("SIGTERM",)) as interrupt:
     ...     for batch in loader:
@@ -80,8 +81,10 @@ class StepBoundaryInterrupt:
     again, so it is delayed until the block is done, never lost.
     """
 
-    def __init__(self, *, enabled: bool = True, preempt: Iterable[str] = ()) -> None:
+    def __init__(self, *, enabled: bool = True, preempt: Iterable[str] = (),
+                 on_signal: Callable[[], None] | None = None) -> None:
         self.enabled = enabled
+        self.on_signal = on_signal  # called once a signal is held (requested or preempted just set)
         self.armed = False
         self.requested = False
         self.active = False
@@ -128,10 +131,14 @@ class StepBoundaryInterrupt:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.armed and not self.requested:
-            self.requested = True  # the loop raises once the current window has stepped
+            self.requested = True  # the loop stops once the current window has stepped
+            if self.on_signal is not None:
+                self.on_signal()
             return
         raise KeyboardInterrupt
 
     def _preempt(self, signum: int, frame: FrameType | None) -> None:
         if self.preempted is None:
             self.preempted = signal.Signals(signum).name  # the loop stops at its next optimizer step
+            if self.on_signal is not None:
+                self.on_signal()

@@ -37,7 +37,6 @@ from trainwise.freezing import pin_frozen_norm_layers
 from trainwise.guards.core import Guard, GuardFinding
 from trainwise.guards.loss import NonFiniteLossGuard, check_finite_everywhere
 from trainwise.guards.registry import all_check_classes
-from trainwise.interrupts import StepBoundaryInterrupt
 from trainwise.metrics import MetricSet
 from trainwise.oom import AdaptiveMicroBatches, check_auto_loader
 from trainwise.optimizers import build_optimizer, build_scheduler
@@ -51,6 +50,7 @@ from trainwise.policies import (
 )
 from trainwise.progress import make_progress
 from trainwise.results import FitResult
+from trainwise.run_control import Outcome, RunControl
 from trainwise.run_folder import BEST_WEIGHTS, RunFolder
 from trainwise.runlog import RunLock, open_run
 from trainwise.seeding import seed_everything
@@ -81,22 +81,18 @@ class Fit:
     guard: NonFiniteLossGuard  # every loss, checked at log intervals and checkpoints
     stream: StreamCheck
     config: dict[str, Any]  # the options and run facts every checkpoint records
+    control: RunControl  # how the run ends: the signals, the stops requested, their agreement across processes
     step: TrainStep | None = None
     manager: CheckpointManager | None = None  # rank 0's checkpoints
     callbacks: CallbackList | None = None
     guard_hooks: Guard | None = None
     compiled: CompileWatch | None = None  # with compile=True: the graphs torch.compile compiles, for the end record
-    interrupt: StepBoundaryInterrupt = dataclasses.field(default_factory=lambda: StepBoundaryInterrupt(enabled=False))
+    outcome: Outcome = dataclasses.field(default_factory=Outcome)  # how it ended, written at the loop's one end
     started: float = 0.0
     latest: dict[str, float] = dataclasses.field(default_factory=dict)  # the newest values read from the device
     epoch: int = 0  # the epoch training is in (or last was in)
     resumed_step: int | None = None
     checkpoint_step: int = -1
-    saved: bool = False  # an interrupt or preemption saved a checkpoint at its step
-    stopped: str = "completed"  # completed, interrupted, preempted or nonfinite
-    stopped_early: bool = False
-    message: str = ""
-    ended: bool = False  # callbacks and trackers were told the end state
     count_said: bool = False  # what count="auto" chose was said (after the first step)
 
     @property
@@ -114,7 +110,7 @@ class Fit:
         if self.options.nonfinite == "stop":
             check_finite_everywhere(self.guard, self.optimizer_steps)
         self.counters.accuracy = self.step.counts_accuracy
-        with self.interrupt.held():  # a Ctrl-C inside torch.save would break the file being written
+        with self.control.held():  # a Ctrl-C inside torch.save would break the file being written
             save_training_checkpoint(self.manager, self.state.entries(), step=self.optimizer_steps, metric=metric,
                                      config=self.config, run_dir=self.folder.run_dir,
                                      background=True)  # fsync and pruning overlap the next epoch
@@ -156,32 +152,30 @@ class Fit:
         if cfg.plot and history and self.strategy.is_main:
             plot = self.folder.draw_curves(history, monitor=cfg.monitor, best_epoch=best, format=cfg.plot_format,
                                            overfitting_epoch=overfitting.onset_epoch if overfitting else None)
-        status = {"interrupted": "interrupted", "preempted": "preempted", "nonfinite": "failed"}.get(
-            self.stopped, "stopped_early" if self.stopped_early else "finished")
+        outcome = self.outcome
         try:
-            self.end(status, artifacts=[plot] if plot else [])
+            self.end(outcome.end_state(), artifacts=[plot] if plot else [])
         except BaseException:  # an on_fit_end that raised: the run is closed first (checkpoint whole, hooks off)
             self.close(failing=True)
             raise
-        self.close(check=self.stopped == "completed")  # the guards' last check, then every hook removed
+        self.close(check=outcome.stopped == "completed")  # the guards' last check, then every hook removed
         return FitResult(
             history=history, run_dir=self.folder.run_dir, steps=self.optimizer_steps,
-            seconds=time.perf_counter() - self.started, stopped=self.stopped, device=str(self.strategy.device),
-            precision=self.precision.name, message=self.message, best_epoch=best, best_value=value,
-            stopped_early=self.stopped_early, overfitting=overfitting, plot=plot, model=self.state.model,
+            seconds=time.perf_counter() - self.started, stopped=outcome.stopped, device=str(self.strategy.device),
+            precision=self.precision.name, message=outcome.message, best_epoch=best, best_value=value,
+            stopped_early=outcome.stopped_early, overfitting=overfitting, plot=plot, model=self.state.model,
         )
 
     def end(self, status: str, *, artifacts: list[Any], error: BaseException | None = None) -> None:
         """Tell the callbacks (``on_fit_end``), the log and the trackers how the run ended (trackers also get the
         curves and the final weights). An ``on_fit_end`` that raises makes the run ``failed``, the log naming the
         callback; its error is raised once the log and the trackers have been told."""
-        if self.ended:
+        if self.outcome.status is not None:  # told already
             return
-        self.ended = True
+        self.outcome.status = status  # what on_fit_end sees as state.status
         raised: BaseException | None = None
         record: dict[str, Any] = {"kind": "end", "status": status, "step": self.optimizer_steps}
         if self.callbacks is not None:
-            self.callbacks.state.status = status
             try:
                 self.callbacks.fire_naming("on_fit_end")
             except BaseException as exc:
@@ -201,7 +195,7 @@ class Fit:
     def close(self, *, check: bool = False, failing: bool = False) -> None:
         """Finish the last checkpoint write, remove the guards, close the progress display and the log; while
         another error propagates (``failing``), a failed checkpoint write is reported, not raised over it."""
-        if failing and not self.ended:
+        if failing and self.outcome.status is None:
             try:
                 self.end("failed", artifacts=[], error=sys.exc_info()[1])
             except Exception as exc:  # the error already propagating is the one to see
@@ -298,7 +292,10 @@ class _Builder:
                   val_loader=val_loader, precision=precision, started=started, stream=StreamCheck(train_loader),
                   guard=NonFiniteLossGuard(device, model=model if cfg.nonfinite == "stop" else None),
                   config={**cfg.to_dict(), FACTS_KEY: facts},  # built once: every checkpoint records it
+                  control=RunControl(state.counters, preempt=cfg.preempt_signals, agree=strategy.agree,
+                                     distributed=strategy.enabled),
                   compiled=CompileWatch([forward_model, eval_model]) if cfg.compile else None)
+        fit.control.share(accumulator)  # several processes: a preemption rides each window's count all-reduce
         self._keep(fit)
         for note in notes:  # the device line is printed only: config.json records the device and precision
             if not note.pop("shown", False):
@@ -322,8 +319,7 @@ class _Builder:
                              skip_nonfinite=cfg.nonfinite == "skip", splitter=splitter,
                              loss_guard=fit.guard if cfg.nonfinite == "stop" else None,
                              counts_accuracy=fit.counters.accuracy)
-        if fit.counters.stopped_early:
-            fit.stopped_early = True
+        if fit.control.stopped_early:
             fit.folder.say(f"the run had stopped early at epoch {fit.counters.epoch - 1}; nothing to train (start "
                            "another run_dir to train again).")
         self._install_guards(fit, forward_model)

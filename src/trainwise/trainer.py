@@ -30,10 +30,10 @@ from trainwise.device import resolve_device, resolve_precision
 from trainwise.errors import NonFiniteLossError, TrainwiseError, UnknownOptionError
 from trainwise.evaluation import evaluate
 from trainwise.guards.loss import check_finite_everywhere
-from trainwise.interrupts import Preempted, StepBoundaryInterrupt
 from trainwise.progress import plural
 from trainwise.results import FitResult
 from trainwise.run import Fit, start_run
+from trainwise.run_control import Stop
 from trainwise.seeding import determinism_restored
 from trainwise.tracking import split_loggers
 
@@ -143,44 +143,26 @@ class Trainer:
         with determinism_restored():  # deterministic=True holds for this fit only
             fit = start_run(self, model, train_data, val_data)
             try:
-                # the thread count a checkpoint recorded (float sums depend on it); Ctrl-C waits for the step
-                # (not under several processes, which agree on the step through the strategy instead)
+                # the thread count a checkpoint recorded (float sums depend on it); the signal handlers of the
+                # run's control (Ctrl-C, preemption) from here to the end of the run
                 with threads_beside_workers(fit.strategy.device, fit.state.loader, threads=fit.counters.threads), \
-                        StepBoundaryInterrupt(enabled=not fit.strategy.enabled,
-                                              preempt=self.config.preempt_signals) as fit.interrupt:
+                        fit.control:
                     return self._run(fit)
             finally:
                 fit.release()  # the run folder free for the next writer, a process group this fit joined left
 
     def _run(self, fit: Fit) -> FitResult:
-        """The epochs, then the end of the run; an interrupt, a preemption or a NaN ends them saved and logged."""
+        """The epochs, then the run's one end; an error the end does not answer closes the run and propagates."""
+        raised: BaseException | None = None
+        stop: Stop | None = None
         try:
             fit.counters.threads = torch.get_num_threads()
             self._fire(fit, "on_fit_start")
-            for epoch in range(fit.counters.epoch, 0 if fit.stopped_early else self.config.epochs + 1):
-                if self._epoch(fit, epoch):
-                    break
-            if fit.interrupt.preempted:  # held after the last step: the run ends saved, as preempted
-                fit.saved = fit.checkpoint_step == fit.state.accumulator.optimizer_steps
-                raise Preempted(signal_name=fit.interrupt.preempted)
-        except (KeyboardInterrupt, Preempted) as exc:
-            preempted = isinstance(exc, Preempted)
-            steps, fit.stopped = fit.state.accumulator.optimizer_steps, "preempted" if preempted else "interrupted"
-            saved = f"; its checkpoint at step {steps} resumes it" if fit.saved and fit.manager else ""
-            fit.message = (f"{'preempted by ' + exc.signal if preempted else 'interrupted'} at step {steps}{saved}; "
-                           f"{plural(len(fit.counters.history), 'epoch')} finished and everything logged so far is "
-                           f"in {fit.folder.log.path}.")
-            extra = {"signal": exc.signal} if preempted else {}
-            fit.folder.announce(fit.stopped, fit.message, step=steps, **extra)
-            if preempted:
-                exc.message = fit.message
-            exc.result = fit.finish(restore_best=False)  # type: ignore[union-attr]
-            raise
+            stop = self._epochs(fit)
+        except KeyboardInterrupt as exc:  # a second Ctrl-C, or one outside training: at once, as python's
+            stop, raised = Stop("interrupted"), exc
         except NonFiniteLossError as exc:
-            fit.stopped, fit.message = "nonfinite", str(exc)
-            fit.folder.record({"kind": "nonfinite", "step": exc.step, "message": fit.message})
-            exc.result = fit.finish(restore_best=False)  # type: ignore[attr-defined]
-            raise
+            raised = exc
         except BaseException as exc:
             fit.close(failing=True)
             lost = fit.strategy.lost_process(exc, checkpoint=fit.latest_checkpoint(),
@@ -188,17 +170,58 @@ class Trainer:
             if lost is not None:  # a process that died: one sentence naming it and the latest good checkpoint
                 raise lost from None
             raise
-        return fit.finish()
+        return self._end(fit, stop, raised)
 
-    def _epoch(self, fit: Fit, epoch: int) -> bool:
-        """Train one epoch, validate, record it, let the policies and callbacks decide, checkpoint; True when the
-        run stops early (the stop agreed across processes)."""
-        cfg, counters, state = self.config, fit.counters, fit.callbacks.state
+    def _epochs(self, fit: Fit) -> Stop | None:
+        """The epochs left to train; the run control's answer that ended them (None: every epoch trained)."""
+        control = fit.control
+        if control.stopped_early:  # resumed after it had stopped early: it stays stopped (said at the resume)
+            return control.at_end() or Stop("stopped_early")
+        for epoch in range(fit.counters.epoch, self.config.epochs + 1):
+            stop = self._epoch(fit, epoch)
+            if stop is not None:
+                return stop
+        return control.at_end()
+
+    def _end(self, fit: Fit, stop: Stop | None, raised: BaseException | None) -> FitResult:
+        """The one place the run ends: its outcome recorded and said, the run finished (the best weights back
+        unless it was cut short); an interrupt, a preemption or a non-finite loss is then raised with
+        ``.result``, anything else returns the result."""
+        outcome, steps = fit.outcome, fit.optimizer_steps
+        if isinstance(raised, NonFiniteLossError):
+            outcome.stopped, outcome.message = "nonfinite", str(raised)
+            fit.folder.record({"kind": "nonfinite", "step": raised.step, "message": outcome.message})
+            raised.result = fit.finish(restore_best=False)  # type: ignore[attr-defined]
+            raise raised
+        if stop is None or stop.reason == "stopped_early":
+            if stop is not None:
+                outcome.stopped_early, outcome.message = True, stop.message or ""
+                if stop.message is not None:
+                    fit.folder.announce("stopped_early", stop.message, epoch=fit.epoch, message=stop.message)
+            return fit.finish()
+        outcome.stopped, outcome.saved = stop.reason, fit.checkpoint_step == steps
+        saved = f"; its checkpoint at step {steps} resumes it" if outcome.saved and fit.manager else ""
+        cause = f"preempted by {stop.signal}" if stop.reason == "preempted" else "interrupted"
+        outcome.message = (f"{cause} at step {steps}{saved}; {plural(len(fit.counters.history), 'epoch')} finished "
+                           f"and everything logged so far is in {fit.folder.log.path}.")
+        fit.folder.announce(stop.reason, outcome.message, step=steps,
+                            **({"signal": stop.signal} if stop.reason == "preempted" else {}))
+        error = raised if raised is not None else stop.error(outcome.message)
+        error.result = fit.finish(restore_best=False)  # type: ignore[union-attr]
+        raise error
+
+    def _epoch(self, fit: Fit, epoch: int) -> Stop | None:
+        """Train one epoch, validate, record it, let the policies and callbacks decide, checkpoint; the run
+        control's answer when the run ends here (agreed across processes)."""
+        cfg, counters = self.config, fit.counters
         counters.epoch = fit.epoch = epoch
         started = time.perf_counter()
         set_sampler_epoch(fit.state.loader, epoch)  # a new shuffle each epoch, the same on every process
         self._fire(fit, "on_epoch_start")  # the unfreeze schedule first
-        record: dict[str, Any] = {"epoch": epoch, **{f"train_{k}": v for k, v in self._train_epoch(fit).items()}}
+        trained = self._train_epoch(fit)
+        if isinstance(trained, Stop):
+            return trained
+        record: dict[str, Any] = {"epoch": epoch, **{f"train_{k}": v for k, v in trained.items()}}
         if fit.val_loader is not None:
             values = self.validate(fit.eval_model, fit.val_loader, precision=fit.precision, device=fit.strategy.device)
             record.update({f"val_{k}": v for k, v in values.items()})
@@ -213,23 +236,15 @@ class Trainer:
         fit.folder.record({"kind": "epoch", **record})
         fit.folder.progress.end_epoch(epoch, cfg.epochs, {k: v for k, v in record.items() if k != "epoch"})
         self._fire(fit, "on_epoch_end")  # the overfitting watch first, early stopping last
-        stop = fit.strategy.agree(state.stop_reason is not None)  # rank 0 decides; every process stops together
-        counters.epoch, counters.stopped_early = epoch + 1, stop  # a resumed run that had stopped stays stopped
+        counters.epoch = epoch + 1
+        fit.control.agree()  # a requested stop, rank 0 deciding, recorded before the checkpoint saves it
         fit.checkpoint(metric=record.get(cfg.monitor))
-        if fit.interrupt.requested or (fit.interrupt.preempted and not fit.strategy.enabled):
-            fit.saved = cfg.checkpoints  # held while the epoch's checkpoint was written: raised once it is whole
-            if fit.interrupt.requested:
-                raise KeyboardInterrupt
-            raise Preempted(signal_name=fit.interrupt.preempted)
-        if stop:
-            fit.stopped_early = True
-            fit.message = state.stop_message or f"stopped after epoch {epoch}: rank 0 asked to stop."
-            fit.folder.announce("stopped_early", fit.message, epoch=epoch, message=fit.message)
-        return stop
+        return fit.control.at_epoch(epoch)  # looked at once the checkpoint is whole (a Ctrl-C was held for it)
 
-    def _train_epoch(self, fit: Fit) -> dict[str, float]:
-        """Every batch of the epoch through the step; the running values over every process at its end."""
-        loader, step, accumulator, interrupt = fit.state.loader, fit.step, fit.state.accumulator, fit.interrupt
+    def _train_epoch(self, fit: Fit) -> dict[str, float] | Stop:
+        """Every batch of the epoch through the step; the running values over every process at its end, or the
+        run control's answer when a signal ends the run after one of its windows."""
+        loader, step, accumulator, control = fit.state.loader, fit.step, fit.state.accumulator, fit.control
         fit.state.model.train()
         start = loader.resume_offset  # batches of this epoch trained before a resume
         if not start:
@@ -241,31 +256,25 @@ class Trainer:
         unsized = fit.strategy.enabled and length(loader) is None  # every process must end on the same batch
         fire, progress = fit.callbacks.fire, fit.folder.progress
         advance = progress.advance if getattr(progress, "enabled", True) else None  # progress="off": no call a batch
-        interrupt.armed = True
-        for batch, last_batch in loader.with_last():  # the last batch is known without len()
-            if unsized:
-                fit.strategy.agree_on_last(last_batch, loader.batches_done)
-            if step.add(batch, last=last_batch):  # the batch ended a window: the optimizer stepped
-                if not fit.count_said:
-                    fit.say_count()
-                if step.splitter is not None:  # batch_size="auto": a micro-batch halved is said once
-                    fit.report_halvings()
-                logged = fire("on_step_end")  # log cadence, periodic checkpoint, then the user's callbacks
-                if logged:
-                    self._record_logged(fit, logged)
-                # a preemption signal rides the next windows' count all-reduce: every process stops here together
-                preempted = accumulator.stop_requested = interrupt.preempted is not None
-                # held until this step, so the state is exact; one process agrees with itself (no property call)
-                if interrupt.requested or (accumulator.stop_agreed if accumulator.distributed else preempted):
-                    if fit.checkpoint_step != accumulator.optimizer_steps:
-                        fit.checkpoint()
-                    fit.saved = self.config.checkpoints
-                    if interrupt.requested:
-                        raise KeyboardInterrupt
-                    raise Preempted(signal_name=interrupt.preempted or "a signal to another process")
-            if advance is not None:
-                advance()
-        interrupt.armed = False
+        with control.training():  # a first Ctrl-C is held until the window has stepped
+            for batch, last_batch in loader.with_last():  # the last batch is known without len()
+                if unsized:
+                    fit.strategy.agree_on_last(last_batch, loader.batches_done)
+                if step.add(batch, last=last_batch):  # the batch ended a window: the optimizer stepped
+                    if not fit.count_said:
+                        fit.say_count()
+                    if step.splitter is not None:  # batch_size="auto": a micro-batch halved is said once
+                        fit.report_halvings()
+                    logged = fire("on_step_end")  # log cadence, periodic checkpoint, then the user's callbacks
+                    if logged:
+                        self._record_logged(fit, logged)
+                    # a plain attribute each step; a held signal (agreed under several processes) is answered
+                    if control.asked and (stop := control.at_step()) is not None:
+                        if stop.save and fit.checkpoint_step != accumulator.optimizer_steps:
+                            fit.checkpoint()  # mid-epoch, while the loader holds its place: the resume is exact
+                        return stop
+                if advance is not None:
+                    advance()
         if not loader.batches_done:
             if unsized:
                 fit.strategy.agree_on_last(True, 0)

@@ -121,3 +121,22 @@ def test_ctrl_c_while_a_checkpoint_is_written_waits_for_the_file_then_raises(tmp
     assert result.steps == full.steps
     for key, value in reference.state_dict().items():
         assert torch.equal(value, resumed.state_dict()[key]), key
+
+
+def test_a_ctrl_c_at_once_right_after_an_epoch_checkpoint_says_that_checkpoint_resumes_the_run(tmp_path):
+    """The run's one end says "its checkpoint at step N resumes it" whenever the latest checkpoint is of the step
+    the run stopped at (issue 47: before, only a Ctrl-C held until a step said so; one outside training, between
+    the epoch's checkpoint and the next step, said nothing of the checkpoint that resumes it)."""
+
+    class CtrlCAtEpoch2:
+        def on_epoch_start(self, state):
+            if state.epoch == 2:  # outside training: raised at once
+                os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        Trainer(epochs=2, batch_size=8, run_dir=str(tmp_path / "run"), progress="off", plot=False,
+                callbacks=[CtrlCAtEpoch2()]).fit(nn.Linear(8, 2), _data(), _data(40))
+    cut = info.value.result
+    assert cut.stopped == "interrupted" and cut.steps == 15 and len(cut.history) == 1
+    assert "interrupted at step 15; its checkpoint at step 15 resumes it" in cut.message
+    assert CheckpointManager(tmp_path / "run").latest().name == "ckpt-step000000015.pt"
