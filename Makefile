@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo test test-slow test-fast lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,13 +17,18 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/trainwise demo
 
+# `make test` runs every test not marked slow; `make test-slow` runs the others (kills, signals, 2-process runs,
+# whole-ecosystem resumes). CI (.ci/run) runs both, so every test runs there.
 # PYTHONFAULTHANDLER: spawned and torchrun processes inherit it, so a fatal signal (a gloo abort) prints their stacks
 test: $(STAMP)
 	$(BIN)/python -m ruff check .
 	$(BIN)/trainwise doctor src examples benchmarks
-	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -q
+	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -q -m "not slow"
 
-test-fast: $(STAMP)  # the inner loop: every test but those marked slow (CI runs them all with make test)
+test-slow: $(STAMP)
+	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -q -m slow
+
+test-fast: $(STAMP)  # the inner loop: make test's tests without ruff and the doctor
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)

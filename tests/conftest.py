@@ -4,6 +4,7 @@ changes the process for the next ones (an environment variable, a determinism sw
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 
@@ -64,3 +65,24 @@ def _process_left_as_found(request):
     if leaks:
         pytest.fail(f"{request.node.nodeid} changed the process for the tests after it: {'; '.join(leaks)} "
                     "(use monkeypatch, or put it back)", pytrace=False)
+
+
+
+def _freeze_what_lives() -> None:
+    """Move every object alive now out of the collector's reach (garbage first, so nothing dead is kept)."""
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection built (every test module, torch, transformers): otherwise each collection walks
+    those millions of objects again, in every test that ends in one (trainwise calls gc.collect() after an
+    out-of-memory window and before a process group goes): seconds each, in a whole-suite run only."""
+    _freeze_what_lives()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """A test that called gc.unfreeze() (one freezes around its own fit) gave back everything: freeze again."""
+    if gc.get_freeze_count() == 0:
+        _freeze_what_lives()

@@ -22,8 +22,9 @@ def test_the_state_is_the_one_at_save_time_and_readers_wait_for_it(tmp_path, mon
     release = threading.Event()
     real_fsync = os.fsync
 
-    def slow_fsync(fd):  # the commit blocks until released: a save is still in flight
-        release.wait(10)
+    def slow_fsync(fd):  # the background commit blocks until released: a save is still in flight
+        if threading.current_thread().name == "trainwise-checkpoint":
+            release.wait(10)
         return real_fsync(fd)
 
     model = nn.Linear(3, 2)
