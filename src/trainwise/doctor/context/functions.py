@@ -409,7 +409,7 @@ class Functions:
             if self.ctx.is_module_class(cls):  # type: ignore[arg-type]
                 continue
             methods = [f for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]  # type: ignore[attr-defined]
-            switched = [(dotted(_unchain(c.func.value)), _is_eval_call(c)) for m in methods for c in walk_own(m.body)
+            switched = [(dotted(_unchain(c.func.value)), is_eval_call(c)) for m in methods for c in walk_own(m.body)
                         if isinstance(c, ast.Call) and method_call(c, "eval", "train")]
             models = {name for name, to_eval in switched if to_eval and name and name.startswith("self.")}
             models -= {name for name, to_eval in switched if not to_eval}
@@ -504,7 +504,7 @@ class Functions:
         if isinstance(stmt, ast.Expr):
             call = stmt.value
             while isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
-                if _is_eval_call(call):
+                if is_eval_call(call):
                     receiver = _unchain(call.func.value)
                     name = dotted(receiver)
                     if name is not None and self.ctx.is_module(receiver):
@@ -520,7 +520,7 @@ class Functions:
             if len(targets) != 1 or dotted(targets[0]) is None or value is None:
                 return None
             while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
-                if _is_eval_call(value):
+                if is_eval_call(value):
                     return dotted(targets[0])
                 if value.func.attr not in _CHAINABLE:
                     return None
@@ -529,7 +529,7 @@ class Functions:
 
     def _sets_train_mode(self, stmt: ast.stmt, model: str) -> bool:
         for node in walk_own([stmt]):
-            if method_call(node, "train") and not _is_eval_call(node):  # type: ignore[arg-type]
+            if method_call(node, "train") and not is_eval_call(node):  # type: ignore[arg-type]
                 name = dotted(_unchain(node.func.value))  # type: ignore[attr-defined]
                 if name is None or _same_or_below(model, name) or _same_or_below(name, model):
                     return True
@@ -708,14 +708,9 @@ def _same_or_below(name: str | None, module: str) -> bool:
     return name is not None and (name == module or name.startswith(module + "."))
 
 
-def is_eval_call(node: ast.AST) -> bool:
+def is_eval_call(call: ast.AST) -> bool:
     """``x.eval()`` or ``x.train(False)`` / ``x.train(mode=False)``."""
-    return isinstance(node, ast.Call) and _is_eval_call(node)
-
-
-def _is_eval_call(call: ast.Call) -> bool:
-    """``x.eval()`` or ``x.train(False)`` / ``x.train(mode=False)``."""
-    if not isinstance(call.func, ast.Attribute):
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
         return False
     if call.func.attr == "eval":
         return not call.args and not call.keywords
