@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable
@@ -35,6 +36,30 @@ RUN_ID_KEY = "run_id"  # in config.json, every checkpoint's meta and mlflow.json
 
 FILES = (LOCK, CONFIG, LOG, BEST_WEIGHTS, FINAL_WEIGHTS, CURVES_SVG, CURVES_PNG, MLFLOW, FIT)
 FOLDERS = (CHECKPOINTS, TENSORBOARD)  # a symlink to a folder is allowed here
+HOLDS_RUN = (LOG, CONFIG, CHECKPOINTS)  # any of these: the folder holds a run
+
+# -- inside checkpoints/ (see trainwise.checkpoint.manager) ------------------------------------------------
+MANIFEST = "manifest.json"  # each checkpoint's monitored metric
+OWNER = "owner.json"  # the run folder whose checkpoints these are
+SHARDED_OWNER = ".trainwise-run.json"  # in a sharded folder: the run id of the run that wrote it
+CHECKPOINT_NAME = re.compile(r"^ckpt-step(\d+)\.pt$")
+CHECKPOINT_TEMP = re.compile(r"^\.ckpt-step\d+\.pt\.tmp-(\d+)-[0-9a-f]+$")  # group 1: the writer's pid
+SHARDED_NAME = re.compile(r"^sharded-step(\d+)$")
+
+
+def checkpoint_name(step: int) -> str:
+    """The checkpoint file of ``step`` in ``checkpoints/``."""
+    return f"ckpt-step{step:09d}.pt"
+
+
+def sharded_name(step: int) -> str:
+    """The folder of ``step``'s shards (an FSDP run) in ``checkpoints/``, beside its checkpoint file."""
+    return f"sharded-step{step:09d}"
+
+
+def exported_name(suffix: str) -> str:
+    """What ``trainwise export`` writes in the run folder of a checkpoint given without ``--output``."""
+    return f"model{suffix}"
 
 
 def new_run_id() -> str:
@@ -264,4 +289,4 @@ def open_regular(path: Path, flags: int, what: str, *, mode: int = 0o644) -> int
     return fd
 
 
-__all__ = ["RunFolder", "new_run_id", "open_regular"]
+__all__ = ["RunFolder", "checkpoint_name", "exported_name", "new_run_id", "open_regular", "sharded_name"]

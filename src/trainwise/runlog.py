@@ -15,9 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.errors import TrainwiseError, show
-from trainwise.run_folder import CONFIG, LOCK, LOG, RUN_ID_KEY, RunFolder, new_run_id, open_regular
+from trainwise.run_folder import (
+    CHECKPOINTS,
+    CONFIG,
+    HOLDS_RUN,
+    LOCK,
+    LOG,
+    RUN_ID_KEY,
+    RunFolder,
+    new_run_id,
+    open_regular,
+)
 
-LOCK_NAME = LOCK
 # Records that describe training progress; after a resume the steps redone after the checkpoint repeat them.
 _PROGRESS_KINDS = ("train", "epoch")
 
@@ -66,7 +75,7 @@ class RunLock:
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_NAME
+        self.path = self.run_dir / LOCK
         self._fd: int | None = None
 
     @property
@@ -331,15 +340,12 @@ def _run_id(folder: Path, resume: Any) -> str | None:
     return new_run_id()
 
 
-RUN_FILES = ("metrics.jsonl", "config.json", "checkpoints")  # any of these: the folder holds a run
-
-
 def holds_run(folder: str | os.PathLike[str]) -> bool:
     """Whether ``folder`` holds a run's log, config or checkpoints (a symlink there counts, dangling or not;
     an empty ``checkpoints/``, such as a symlink made beforehand to a bigger disk, does not)."""
-    for name in RUN_FILES:
+    for name in HOLDS_RUN:
         path = Path(folder) / name
-        if name == "checkpoints" and path.is_dir():
+        if name == CHECKPOINTS and path.is_dir():
             with contextlib.suppress(OSError):
                 if not any(path.iterdir()):
                     continue
@@ -394,7 +400,7 @@ def _make_room(folder: Path, resume: Any, overwrite: bool) -> Path | None:
         aside = named.with_name(f"{named.name}.previous-{stamp}-{suffix}")
     aside.mkdir(parents=True)
     for entry in folder.iterdir():
-        if entry.name != LOCK_NAME:
+        if entry.name != LOCK:
             os.replace(entry, aside / entry.name)  # a rename: nothing is copied or deleted
     return aside
 
@@ -421,7 +427,7 @@ def read_log(path: str | os.PathLike[str], *, raw: bool = False) -> list[dict[st
     """
     path = Path(path)
     if path.is_dir():
-        path = path / "metrics.jsonl"
+        path = path / LOG
     records: list[dict[str, Any]] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         if not line.strip():

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from trainwise.errors import TrainwiseError, show
-from trainwise.run_folder import RunFolder
+from trainwise.run_folder import MLFLOW, RunFolder
 
 LOGGER_NAMES = ("jsonl", "tensorboard", "mlflow")
 END_STATES = ("finished", "stopped_early", "interrupted", "preempted", "failed")
@@ -321,7 +321,6 @@ def _mlflow_key(name: str) -> str:
 
 _MLFLOW_STATUS = {"finished": "FINISHED", "stopped_early": "FINISHED", "interrupted": "KILLED", "preempted": "KILLED",
                   "failed": "FAILED"}
-_MLFLOW_RUN_FILE = "mlflow.json"  # the run folder's MLflow run, continued by a resume
 
 
 class MLflowLogger:
@@ -350,7 +349,7 @@ class MLflowLogger:
             from trainwise.files import atomic_write_json
 
             names = RunFolder(self.run_dir)  # mlflow.json records this trainwise run's id: see _continued_run
-            atomic_write_json(names.file(_MLFLOW_RUN_FILE), {"tracking_uri": self.tracking_uri, "run_id": self.run_id,
+            atomic_write_json(names.file(MLFLOW), {"tracking_uri": self.tracking_uri, "run_id": self.run_id,
                                                              "trainwise_run_id": names.run_id()})
         else:
             self.client.update_run(self.run_id, status="RUNNING")
@@ -360,7 +359,7 @@ class MLflowLogger:
         trainwise run's id (one naming another run, or none, starts a new MLflow run: it is never logged into)."""
         try:
             names = RunFolder(self.run_dir)
-            saved = json.loads(names.file(_MLFLOW_RUN_FILE).read_text(encoding="utf-8"))
+            saved = json.loads(names.file(MLFLOW).read_text(encoding="utf-8"))
             if saved.get("tracking_uri") != self.tracking_uri:
                 return None
             if saved.get("trainwise_run_id") is None or saved.get("trainwise_run_id") != names.run_id():

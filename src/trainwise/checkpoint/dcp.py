@@ -41,9 +41,9 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from trainwise.errors import TrainwiseError, first_line, with_article
+from trainwise.run_folder import SHARDED_NAME
 
 METADATA_FILE = ".metadata"
-SHARDED_NAME = re.compile(r"sharded-step\d+")
 _FIX = "use a sharded folder written by trainwise.save_sharded or torch.distributed.checkpoint"
 
 # -- the restricted unpickler --------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import stat
 import threading
 import warnings
@@ -30,20 +29,20 @@ from trainwise.checkpoint.io import is_complete
 from trainwise.checkpoint.state import read_checkpoint, restore_checkpoint, write_checkpoint_temporary
 from trainwise.errors import TrainwiseError
 from trainwise.files import atomic_write_json, is_temp_file
-from trainwise.run_folder import RUN_ID_KEY, open_regular
+from trainwise.run_folder import (
+    CHECKPOINT_NAME,
+    CHECKPOINT_TEMP,
+    CHECKPOINTS,
+    MANIFEST,
+    OWNER,
+    RUN_ID_KEY,
+    checkpoint_name,
+    open_regular,
+)
 
-CHECKPOINT_FOLDER = "checkpoints"
-MANIFEST = "manifest.json"
-OWNER = "owner.json"  # the run folder whose checkpoints these are (see CheckpointManager.claim)
-_NAME = re.compile(r"^ckpt-step(\d+)\.pt$")
-_TEMP = re.compile(r"^\.ckpt-step\d+\.pt\.tmp-(\d+)-[0-9a-f]+$")
-
+CHECKPOINT_FOLDER = CHECKPOINTS  # the name this module exported before run_folder named every file
 
 ANY_RUN: Any = object()  # CheckpointManager(run_id=ANY_RUN): no run id written or checked
-
-
-def checkpoint_name(step: int) -> str:
-    return f"ckpt-step{step:09d}.pt"
 
 
 class CheckpointManager:
@@ -75,7 +74,7 @@ class CheckpointManager:
         if run_dir.exists() and not run_dir.is_dir():
             raise TrainwiseError(f"run folder {run_dir} is a file; pass a folder for the run's checkpoints.")
         self.run_dir = run_dir
-        self.folder = run_dir / CHECKPOINT_FOLDER
+        self.folder = run_dir / CHECKPOINTS
         self.run_id = run_id  # a str, None (a folder from a trainwise before run ids) or ANY_RUN
         # name -> (size, mtime_ns, the run id and the step its meta records): read once per file version
         self._recorded: dict[str, tuple[int, int, str | None, int | None]] = {}
@@ -101,7 +100,7 @@ class CheckpointManager:
             return []
         found = []
         for entry in self.folder.iterdir():
-            match = _NAME.match(entry.name)
+            match = CHECKPOINT_NAME.match(entry.name)
             if match and self._is_complete(entry) and self._holds_its_step(entry, int(match.group(1))):
                 found.append((int(match.group(1)), entry))
         return [path for _, path in sorted(found)]
@@ -183,7 +182,7 @@ class CheckpointManager:
         here = os.path.realpath(self.run_dir)
         owner = _recorded_owner(self.folder / OWNER)
         if owner is not None and owner != here:
-            theirs = Path(owner) / CHECKPOINT_FOLDER
+            theirs = Path(owner) / CHECKPOINTS
             with contextlib.suppress(OSError):
                 if theirs.is_dir() and os.path.samefile(theirs, self.folder):
                     raise TrainwiseError(
@@ -379,7 +378,7 @@ class CheckpointManager:
         if not self.folder.is_dir():
             return
         for entry in self.folder.iterdir():
-            match = _TEMP.match(entry.name)
+            match = CHECKPOINT_TEMP.match(entry.name)
             if match and is_temp_file(entry) and not _alive(int(match.group(1))):
                 with contextlib.suppress(OSError):
                     entry.unlink()
@@ -482,7 +481,7 @@ def find_resume_checkpoint(
         raise TrainwiseError(f"resume must be 'auto', a checkpoint path or None, got {type(resume).__name__}.")
     path = Path(resume)
     if path.is_dir():
-        folder = path.parent if path.name == CHECKPOINT_FOLDER else path
+        folder = path.parent if path.name == CHECKPOINTS else path
         latest = CheckpointManager(folder).latest()
         if latest is None:
             raise TrainwiseError(f"no complete checkpoint in {path}; pass a checkpoint file or resume='auto'.")

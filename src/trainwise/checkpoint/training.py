@@ -13,20 +13,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import stat
 from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from trainwise.checkpoint.manager import (
-    ANY_RUN,
-    CHECKPOINT_FOLDER,
-    CheckpointManager,
-    checkpoint_name,
-    find_resume_checkpoint,
-    verify_checksums,
-)
+from trainwise.checkpoint.manager import ANY_RUN, CheckpointManager, find_resume_checkpoint, verify_checksums
 from trainwise.checkpoint.state import read_checkpoint, restore_checkpoint
 from trainwise.distributed import (
     barrier,
@@ -42,11 +36,17 @@ from trainwise.distributed import (
 )
 from trainwise.errors import TrainwiseError
 from trainwise.files import atomic_write_json
-from trainwise.run_folder import RUN_ID_KEY
+from trainwise.run_folder import (
+    CHECKPOINT_NAME,
+    CHECKPOINTS,
+    RUN_ID_KEY,
+    SHARDED_NAME,
+    SHARDED_OWNER,
+    checkpoint_name,
+    sharded_name,
+)
 from trainwise.runlog import write_failure
 
-SHARDED_PREFIX = "sharded-step"
-SHARDED_OWNER = ".trainwise-run.json"  # in a sharded folder: the run id of the run that wrote it
 Skipped = Callable[[str, Path], None]  # told each damaged newer checkpoint passed over, and the one used
 
 
@@ -87,7 +87,7 @@ def _choose(resume: Any, run_dir: Any, on_skipped: Skipped | None, run_id: Any =
     if resume != "auto" and not Path(resume).is_dir():  # an explicit file: that one or an error
         verify_checksums(path)
         return path, read_checkpoint(path)
-    in_folder = path.parent.name == CHECKPOINT_FOLDER
+    in_folder = path.parent.name == CHECKPOINTS
     found = CheckpointManager(path.parent.parent, run_id=run_id).read_latest() if in_folder else None
     if found is None:
         raise TrainwiseError(f"no intact checkpoint in {path.parent}; start without resume or pass another file.")
@@ -144,12 +144,12 @@ def save_training_checkpoint(
             reduced.all_reduce()
             to_save["metrics"] = reduced
         if is_sharded(to_save["model"]):
-            folder = f"{SHARDED_PREFIX}{step:09d}"
+            folder = sharded_name(step)
             if run_dir is None:
                 if manager is None:
                     raise TrainwiseError("under FSDP every process must pass run_dir= to save its shards.")
                 run_dir = manager.run_dir
-            shards = Path(run_dir) / CHECKPOINT_FOLDER / folder
+            shards = Path(run_dir) / CHECKPOINTS / folder
             problem = first_problem(_unsafe_shard_folder(shards))  # every rank writes there: all refuse together
             if problem is not None:
                 raise TrainwiseError(problem)
@@ -162,7 +162,7 @@ def save_training_checkpoint(
             manager.save(to_save, step=step, metric=metric, config=config,
                          background=background and "sharded" not in to_save)
         if "sharded" in to_save:
-            _prune_sharded(manager, saved=f"step{step:09d}")
+            _prune_sharded(manager, saved=step)
     barrier()  # nobody goes on before the checkpoint is written (in the background: serialised)
 
 
@@ -227,14 +227,20 @@ def _shards_owner(folder: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _prune_sharded(manager: CheckpointManager, *, saved: str) -> None:
+def _step_of(name: re.Pattern[str], entry: str) -> int | None:
+    """The step a checkpoint file's or sharded folder's name says (None: another name)."""
+    match = name.match(entry)
+    return int(match.group(1)) if match else None
+
+
+def _prune_sharded(manager: CheckpointManager, *, saved: int) -> None:
     """Delete this run's sharded folders whose checkpoint file is not kept (rank 0): those the manager pruned,
     and those a kill left without their file (their marker names this run). ``saved``: the step just saved."""
-    kept = {path.name.removeprefix("ckpt-").removesuffix(".pt") for path in manager.checkpoints()}
-    pruned = {name.removeprefix("ckpt-").removesuffix(".pt") for name in manager.pruned}  # this run's only
-    for folder in manager.folder.glob(f"{SHARDED_PREFIX}*"):
-        step = folder.name.removeprefix("sharded-")
-        if step in kept or step == saved or folder.is_symlink() or not folder.is_dir():
+    kept = {_step_of(CHECKPOINT_NAME, path.name) for path in manager.checkpoints()}
+    pruned = {_step_of(CHECKPOINT_NAME, name) for name in manager.pruned}  # this run's only
+    for folder in manager.folder.iterdir() if manager.folder.is_dir() else ():
+        step = _step_of(SHARDED_NAME, folder.name)
+        if step is None or step in kept or step == saved or folder.is_symlink() or not folder.is_dir():
             continue
         orphan = isinstance(manager.run_id, str) and _shards_owner(folder) == manager.run_id
         if step in pruned or orphan:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
+
+from trainwise.run_folder import LOG
 
 
 def register(sub: Any) -> None:
@@ -85,6 +88,6 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"validation accuracy {summary['val_accuracy']:.4f}, loss {summary['val_loss']:.4f} after "
             f"{summary['epochs']} epochs in {summary['seconds']:.1f} s on {summary['device']}; "
-            f"log in {summary['run_dir']}/metrics.jsonl"
+            f"log in {os.path.join(summary['run_dir'], LOG)}"
         )
     return 0 if summary.get("frozen_unchanged", True) else 1

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.errors import TrainwiseError, show, with_article
+from trainwise.run_folder import CHECKPOINTS, FIT, exported_name
 
 FORMATS = ("torch.export", "torchscript", "onnx")
 DEMO_FACTORY = "trainwise.demo:make_model"
@@ -153,8 +154,8 @@ def default_output(checkpoint: Path, format: str) -> Path:
     from trainwise.exporting import SUFFIXES
 
     suffix = SUFFIXES[format]
-    if checkpoint.parent.name == "checkpoints":
-        return checkpoint.parent.parent / f"model{suffix}"
+    if checkpoint.parent.name == CHECKPOINTS:
+        return checkpoint.parent.parent / exported_name(suffix)
     output = checkpoint.with_suffix(suffix)
     if output.name == checkpoint.name:  # a checkpoint already named .pt2
         output = checkpoint.with_name(f"{checkpoint.stem}-exported{suffix}")
@@ -447,8 +448,8 @@ def _model_of(checkpoint: Path, shapes: dict[str, tuple[int, ...]]) -> tuple[str
     the run folder, or the demo's CNN when the weights have its names and shapes; ``(None, {})`` otherwise."""
     import re
 
-    for folder in (checkpoint.parent.parent, checkpoint.parent) if checkpoint.parent.name == "checkpoints" else ():
-        record = folder / "fit.json"
+    for folder in (checkpoint.parent.parent, checkpoint.parent) if checkpoint.parent.name == CHECKPOINTS else ():
+        record = folder / FIT
         try:
             if not record.is_file() or record.stat().st_size > 1 << 20:
                 continue

@@ -21,6 +21,7 @@ from typing import Any
 
 from trainwise.config import TrainerConfig, parse_override, unknown_option
 from trainwise.errors import TrainwiseError, printable, show
+from trainwise.run_folder import LOG
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -173,7 +174,7 @@ def _summary_line(summary: dict[str, Any]) -> str:
         metrics = "no epoch finished"
     return (
         f"{metrics} after {summary['epochs']} epochs in {summary['seconds']:.1f} s on {summary['device']} "
-        f"({summary['stopped']}); log in {summary['run_dir']}/metrics.jsonl"
+        f"({summary['stopped']}); log in {os.path.join(summary['run_dir'], LOG)}"
     )
 
 
