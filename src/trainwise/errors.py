@@ -28,7 +28,7 @@ class NonFiniteLossError(TrainwiseError):
 
 class DiskWriteError(TrainwiseError, OSError):
     """A file could not be written: the disk is full, a file size limit or a quota was reached, the folder is
-    read-only or not writable. ``.path`` is the file that was being written, ``.errno`` the OS error number.
+    read-only, not writable or missing. ``.path`` is the file that was being written, ``.errno`` the OS error number.
 
     It is also an :class:`OSError` (with ``errno``, ``strerror`` and ``filename``), so code that handles a
     failed write as an OSError keeps working; its message is still one sentence.

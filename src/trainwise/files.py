@@ -3,8 +3,9 @@
 A write goes to a hidden temporary file in the target's folder, is flushed and fsynced, then renamed over
 the target (a rename within one folder is atomic), and the folder is fsynced so that the rename survives a
 power cut. A kill at any moment leaves the old complete file or the new complete one, never a mix. The new
-file keeps the permission bits of the file it replaces. A full disk, a file size limit, a quota or a
-read-only folder is a :class:`~trainwise.errors.DiskWriteError` that names the file, never a half-written one.
+file keeps the permission bits of the file it replaces. A full disk, a file size limit, a quota, a
+read-only or missing folder is a :class:`~trainwise.errors.DiskWriteError` that names the file, never a
+half-written one, in the one sentence :func:`write_failure` words for every writer.
 
 Every writer in the project (checkpoints, logs, plots, trackers, ``doctor --fix``) goes through here; this
 module imports no torch, so the doctor can use it.
@@ -54,8 +55,8 @@ class PendingWrite:
     part, which may run on another thread); :meth:`discard` removes it. Until then the target is unchanged.
     """
 
-    def __init__(self, path: Path, temp: Path, file: IO[bytes], existed: bool) -> None:
-        self.path, self.temp, self._file, self._existed = path, temp, file, existed
+    def __init__(self, path: Path, temp: Path, file: IO[bytes]) -> None:
+        self.path, self.temp, self._file = path, temp, file
         self.stat: os.stat_result | None = None  # the written file's, once committed (a rename keeps it)
 
     def commit(self) -> Path:
@@ -72,7 +73,7 @@ class PendingWrite:
             with contextlib.suppress(OSError):
                 self.temp.unlink()
             if isinstance(exc, OSError):
-                raise _disk_write_error(self.path, exc.errno, exc.strerror or str(exc), existed=self._existed) from None
+                raise write_failure(self.path, exc.errno, exc.strerror or str(exc)) from None
             raise
         _fsync_folder(self.path.parent)
         return self.path
@@ -93,13 +94,13 @@ def write_temporary(path: str | os.PathLike[str], write: Callable[[IO[bytes]], N
     if path.is_dir():
         raise TrainwiseError(f"{path} is a directory; give a file name to write to.")
     if not folder.is_dir():
-        raise TrainwiseError(f"folder {folder} does not exist; create it first or choose another path.")
+        raise write_failure(path, errno.ENOENT)
     mode = _existing_mode(path)
     temp = folder / f".{path.name[:200]}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
     try:
         file = _open_temp(temp, mode)
     except OSError as exc:
-        raise _disk_write_error(path, exc.errno, exc.strerror, existed=mode is not None) from None
+        raise write_failure(path, exc.errno, exc.strerror) from None
     raw = file.raw if isinstance(file, io.BufferedWriter) else None
     written = False  # after write(): every OSError is ours (the flush)
     try:
@@ -114,11 +115,11 @@ def write_temporary(path: str | os.PathLike[str], write: Callable[[IO[bytes]], N
         if written and isinstance(exc, OSError):
             failure: tuple[int | None, str] | None = (exc.errno, exc.strerror or str(exc))
         else:
-            failure = _write_failure(exc, getattr(raw, "failure", None), folder)
+            failure = _failure_of(exc, getattr(raw, "failure", None), folder)
         if failure is None:
             raise
-        raise _disk_write_error(path, *failure, existed=mode is not None) from None
-    return PendingWrite(path, temp, file, mode is not None)
+        raise write_failure(path, *failure) from None
+    return PendingWrite(path, temp, file)
 
 
 class _TempRaw(io.FileIO):
@@ -165,22 +166,35 @@ def _existing_mode(path: Path) -> int | None:
         return None
 
 
-# errno -> (what happened, what to do); anything else the file itself raised is reported with its strerror.
+# errno -> (what happened, what to do): the one table of how trainwise words a file it could not write (an
+# atomic write here, the run's log, its lock, a checkpoint); anything else is reported with its strerror.
 _WRITE_REASONS: dict[int, tuple[str, str]] = {
     errno.ENOSPC: ("the disk is full", "free some space or write to another disk"),
     errno.EFBIG: ("the file size limit was reached", "raise the limit (ulimit -f) or write to another file system"),
     errno.EROFS: ("the folder is on a read-only file system", "write to another folder"),
     errno.EACCES: ("the folder is not writable", "make it writable or write to another folder"),
     errno.EPERM: ("the folder is not writable", "make it writable or write to another folder"),
+    errno.ENOENT: ("its folder does not exist", "create the folder or write to another one"),
 }
 if hasattr(errno, "EDQUOT"):
     _WRITE_REASONS[errno.EDQUOT] = ("the disk quota is exceeded", "free some space or write to another disk")
+
+
+def write_failure(path: str | os.PathLike[str], code: int | None, strerror: str | None = None) -> DiskWriteError:
+    """The one sentence for ``path`` not written (errno ``code``): what happened and what to do, the same
+    whichever writer failed; the OS's own words in brackets when they differ."""
+    strerror = strerror or (os.strerror(code) if code else "the write failed")
+    reason, fix = _WRITE_REASONS.get(code or 0, (strerror, "check the disk and the folder, then try again"))
+    shown = f"{reason} ({strerror})" if reason != strerror else reason
+    return DiskWriteError(f"could not write {path}: {shown}; {fix}.", path=path, errno=code, strerror=strerror)
+
+
 # Disk conditions recognised in an error that did not come from the temporary file's own writes (an OSError
 # raised by ``write`` itself, or torch's RuntimeError after it wrote to the file descriptor directly).
-_DISK_ERRNOS = tuple(code for code in _WRITE_REASONS if code not in (errno.EACCES, errno.EPERM))
+_DISK_ERRNOS = tuple(code for code in _WRITE_REASONS if code not in (errno.EACCES, errno.EPERM, errno.ENOENT))
 
 
-def _write_failure(exc: BaseException, recorded: OSError | None, folder: Path) -> tuple[int | None, str] | None:
+def _failure_of(exc: BaseException, recorded: OSError | None, folder: Path) -> tuple[int | None, str] | None:
     """``(errno, strerror)`` when ``exc`` (or what it wraps) is the file failing to be written, else None."""
     if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not a write failure
         return None
@@ -215,15 +229,6 @@ def _guess_write_failure(folder: Path) -> tuple[int | None, str]:
     return errno.EIO, "the write failed"
 
 
-def _disk_write_error(path: Path, code: int | None, strerror: str | None, *, existed: bool) -> DiskWriteError:
-    strerror = strerror or (os.strerror(code) if code else "the write failed")
-    reason, fix = _WRITE_REASONS.get(code or 0, (strerror, "check the disk and the folder, then try again"))
-    shown = f"{reason} ({strerror})" if reason != strerror else reason
-    before = "the previous file is unchanged" if existed else "nothing was written"
-    return DiskWriteError(f"could not write {path}: {shown}; {before}; {fix}.", path=path, errno=code,
-                          strerror=strerror)
-
-
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (see :func:`atomic_write`)."""
     return atomic_write(path, lambda file: file.write(data))
@@ -255,5 +260,6 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "is_temp_file",
+    "write_failure",
     "write_temporary",
 ]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.errors import TrainwiseError, show
+from trainwise.files import write_failure
 from trainwise.run_folder import (
     CHECKPOINTS,
     CONFIG,
@@ -40,20 +41,6 @@ def default_run_dir(root: str | os.PathLike[str] = "runs") -> Path:
         suffix += 1
         path = Path(root) / f"{stamp}-{suffix}"
     return path
-
-
-def write_failure(path: str | os.PathLike[str], exc: OSError) -> str:
-    """One sentence for an OSError while writing ``path``: a full disk, a size limit, a read-only folder..."""
-    reasons = {
-        errno.ENOSPC: "the disk is full",
-        errno.EFBIG: "the file size limit was reached",
-        errno.EDQUOT: "the disk quota is exceeded",
-        errno.EROFS: "the file system is read-only",
-        errno.EACCES: "permission was denied",
-        errno.EPERM: "permission was denied",
-    }
-    reason = reasons.get(exc.errno or 0, exc.strerror or type(exc).__name__)
-    return f"could not write {path}: {reason}"
 
 
 def _jsonable(value: Any) -> Any:
@@ -96,7 +83,7 @@ class RunLock:
                 f"run_dir {folder} cannot be created because a part of its path is a file; choose another run_dir."
             ) from None
         except OSError as exc:
-            raise TrainwiseError(_not_writable(folder, exc)) from None
+            raise write_failure(self.path, exc.errno, exc.strerror) from None
         if not _lock(fd):
             holder = _read_holder(fd)
             os.close(fd)
@@ -111,7 +98,7 @@ class RunLock:
         except OSError as exc:
             _unlock(fd)
             os.close(fd)
-            raise TrainwiseError(_not_writable(folder, exc)) from None
+            raise write_failure(self.path, exc.errno, exc.strerror) from None
         self._fd = fd
         return self
 
@@ -129,10 +116,6 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def _not_writable(folder: Path, exc: OSError) -> str:
-    return f"run_dir {folder} is not writable ({exc.strerror or type(exc).__name__}); choose another run_dir."
 
 
 def _probe_writable(folder: Path) -> None:
@@ -208,7 +191,7 @@ class RunLog:
             fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "the run's log")
             self._file = os.fdopen(fd, "a", encoding="utf-8")
         except OSError as exc:
-            raise TrainwiseError(write_failure(self.path, exc) + "; choose another run_dir.") from None
+            raise write_failure(self.path, exc.errno, exc.strerror) from None
 
     def begin(self) -> None:
         """Write what a deferred log kept: the JSON files first (config.json), then the records."""
@@ -231,9 +214,7 @@ class RunLog:
             self._file.write(line + "\n")
             self._file.flush()
         except OSError as exc:
-            raise TrainwiseError(
-                write_failure(self.path, exc) + "; free space or choose another run_dir, then resume."
-            ) from None
+            raise write_failure(self.path, exc.errno, exc.strerror) from None
 
     def write_json(self, name: str, payload: dict[str, Any]) -> Path:
         """Write a small JSON file in the run folder atomically (temp file, then rename)."""

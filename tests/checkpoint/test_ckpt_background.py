@@ -82,7 +82,7 @@ def test_trainer_reports_a_failed_background_commit_in_one_sentence(tmp_path, mo
             nn.Linear(4, 2), data)
     message = str(info.value)
     first = run_dir / "checkpoints" / checkpoint_name(4)
-    assert f"{checkpoint_name(8)}: the disk is full at step 8" in message, message
+    assert f"{checkpoint_name(8)}: the disk is full (No space left on device); free some space" in message, message
     assert f"the latest good checkpoint is {first}" in message and "\n" not in message
     monkeypatch.setattr(os, "fsync", real_fsync)
     assert CheckpointManager(run_dir).checkpoints() == [first]

@@ -187,7 +187,8 @@ def test_unwritable_run_dir_is_refused_before_training():
         skip_unless_importable_as(command, env)
     out = subprocess.run([*command, textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "is not writable (Permission denied); choose another run_dir." in out.stdout
+    assert (".trainwise.lock: the folder is not writable (Permission denied); make it writable or write to another "
+            "folder." in out.stdout)
     assert list(folder.iterdir()) == []
     folder.chmod(0o755)
     shutil.rmtree(base)
@@ -234,7 +235,7 @@ def test_read_only_file_system_is_refused(tmp_path, monkeypatch):
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(runlog, "_probe_writable", read_only)
-    with pytest.raises(TrainwiseError, match="not writable \\(Read-only file system\\)"):
+    with pytest.raises(TrainwiseError, match="on a read-only file system \\(Read-only file system\\); write to"):
         _trainer(tmp_path / "run", epochs=1).fit(_mlp(), _data())
     monkeypatch.undo()
     with RunLock(tmp_path / "run") as lock:  # a refusal does not keep the lock
@@ -337,7 +338,7 @@ def test_full_disk_during_a_checkpoint_names_the_file_and_the_latest_good_one(tm
         _trainer(run_dir, epochs=3, batch_size=16).fit(_mlp(), _data())
     message = str(info.value)
     first = run_dir / "checkpoints" / "ckpt-step000000004.pt"
-    assert "ckpt-step000000008.pt: the disk is full at step 8" in message
+    assert "ckpt-step000000008.pt: the disk is full (No space left on device); free some space" in message
     assert f"the latest good checkpoint is {first}" in message and "\n" not in message
     monkeypatch.setattr(torch, "save", real_save)
     assert CheckpointManager(run_dir).checkpoints() == [first]  # complete, and nothing partial beside it
@@ -370,7 +371,8 @@ def test_file_size_limit_during_the_first_checkpoint_is_one_line(tmp_path):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert "the file size limit was reached at step 2; no checkpoint was written before." in out.stdout
+    assert ("ckpt-step000000002.pt: the file size limit was reached (File too large); raise the limit (ulimit -f) "
+            "or write to another file system; no checkpoint was written before." in out.stdout)
     assert "Traceback" not in out.stderr
     assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name not in ("manifest.json", "owner.json")]
 

@@ -35,7 +35,7 @@ from trainwise.distributed import (
     save_sharded,
 )
 from trainwise.errors import TrainwiseError
-from trainwise.files import atomic_write_json
+from trainwise.files import atomic_write_json, write_failure
 from trainwise.run_folder import (
     CHECKPOINT_NAME,
     CHECKPOINTS,
@@ -45,7 +45,6 @@ from trainwise.run_folder import (
     checkpoint_name,
     sharded_name,
 )
-from trainwise.runlog import write_failure
 
 Skipped = Callable[[str, Path], None]  # told each damaged newer checkpoint passed over, and the one used
 
@@ -184,8 +183,8 @@ def _disk_failures(manager: CheckpointManager, step: int | None) -> Iterator[Non
         failed_step = step if failed_step is None else failed_step
         latest = manager.latest()
         good = "no checkpoint was written before" if latest is None else f"the latest good checkpoint is {latest}"
-        failed = write_failure(manager.folder / checkpoint_name(failed_step or 0), exc)
-        raise TrainwiseError(f"{failed} at step {failed_step}; {good}.") from None
+        failed = write_failure(manager.folder / checkpoint_name(failed_step or 0), exc.errno, exc.strerror)
+        raise TrainwiseError(f"{str(failed).removesuffix('.')}; {good}.") from None
 
 
 def _without_model(state: MutableMapping[str, Any]) -> dict[str, Any]:
