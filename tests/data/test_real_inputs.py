@@ -15,7 +15,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from trainwise import GradientAccumulator, Trainer, TrainwiseError, mark_last
-from trainwise.data import call_model, model_loss_and_logits, split_batch
+from trainwise.data import call_model, split_batch
+from trainwise.data.batches import model_loss_and_logits
 
 FEATURES, CLASSES, TOKENS, VOCAB = 6, 3, 5, 7
 

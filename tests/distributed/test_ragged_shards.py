@@ -159,7 +159,8 @@ def test_every_sample_is_trained_on_exactly_once_per_epoch_and_no_rank_waits(run
 def test_zero_row_padding_adds_nothing_and_leaves_batch_norm_statistics_alone() -> None:
     from torch.utils.data import DataLoader, default_collate
 
-    from trainwise.data import PaddingCollate, ShardedBatchSampler, padding_batches
+    from trainwise.data import ShardedBatchSampler, padding_batches
+    from trainwise.data.samplers import PaddingCollate
 
     data = Indexed(7)
     shards = []
@@ -207,7 +208,8 @@ class _FlattensByRows(torch.nn.Module):
 def test_padding_with_real_samples_adds_nothing_and_leaves_batch_norm_statistics_alone() -> None:
     from torch.utils.data import DataLoader, default_collate
 
-    from trainwise.data import PADDING_SAMPLES, PaddingBatch, PaddingCollate, is_padding, zero_rows
+    from trainwise.data import PaddingBatch, is_padding
+    from trainwise.data.samplers import PADDING_SAMPLES, PaddingCollate, zero_rows
 
     data = Indexed(7)
     model = _FlattensByRows().train()
@@ -239,7 +241,8 @@ def test_padding_with_real_samples_adds_nothing_and_leaves_batch_norm_statistics
 
 
 def test_padding_with_real_samples_refuses_sync_batch_norm_and_the_trainer_uses_zero_rows_for_it() -> None:
-    from trainwise.data import padding_for, padding_forward
+    from trainwise.data import padding_forward
+    from trainwise.data.samplers import padding_for
 
     plain = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.BatchNorm1d(4))
     synced = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.SyncBatchNorm(4))

@@ -25,7 +25,7 @@ from hf_models import tiny_bert_classifier, token_batches
 from ragged_common import init, launch
 
 import trainwise as tw
-from trainwise.data import PADDING_SAMPLES
+from trainwise.data.samplers import PADDING_SAMPLES
 
 pytest.importorskip("transformers")
 

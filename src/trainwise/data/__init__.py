@@ -13,39 +13,23 @@ from trainwise.data.batches import (
     call_model,
     count_choice,
     count_items,
-    default_loss,
     forward_micro_batch,
-    label_shift,
     mark_last,
-    model_loss_and_logits,
     split_batch,
 )
-from trainwise.data.loaders import (
-    StreamCheck,
-    data_kind,
-    evaluation_loader,
-    threads_beside_workers,
-    training_loader,
-    window_steps,
-)
-from trainwise.data.resumable import ResumableLoader, capture_epoch_start
+from trainwise.data.loaders import data_kind, evaluation_loader, threads_beside_workers, training_loader
+from trainwise.data.resumable import ResumableLoader
 from trainwise.data.samplers import (
-    PADDING_SAMPLES,
-    Padding,
     PaddingBatch,
-    PaddingCollate,
     ShardedBatchSampler,
     ShardSampler,
     is_padding,
     padding_batches,
-    padding_for,
     padding_forward,
-    padding_outputs,
     set_sampler_epoch,
     shard_loader,
     train_sampler,
     validation_padding,
-    zero_rows,
 )
 from trainwise.data.seeding import (
     SampleKey,
@@ -58,36 +42,28 @@ from trainwise.data.seeding import (
     seeded_sampling,
 )
 
+# What a training loop of your own uses (docs/hand-written-loop.md, docs/distributed.md); the pieces the Trainer
+# alone needs stay in their modules (``trainwise.data.samplers.zero_rows`` and the like).
 __all__ = [
-    "PADDING_SAMPLES",
     "MicroBatch",
-    "Padding",
     "PaddingBatch",
-    "PaddingCollate",
     "ResumableLoader",
     "SampleKey",
     "SeededBatchSampler",
     "SeededDataset",
     "ShardSampler",
     "ShardedBatchSampler",
-    "StreamCheck",
     "call_model",
-    "capture_epoch_start",
     "count_choice",
     "count_items",
     "data_kind",
-    "default_loss",
     "evaluation_loader",
     "forward_micro_batch",
     "is_padding",
-    "label_shift",
     "loader_generator",
     "mark_last",
-    "model_loss_and_logits",
     "padding_batches",
-    "padding_for",
     "padding_forward",
-    "padding_outputs",
     "prepare_loader",
     "seed_worker",
     "seeded_loader",
@@ -99,6 +75,4 @@ __all__ = [
     "train_sampler",
     "training_loader",
     "validation_padding",
-    "window_steps",
-    "zero_rows",
 ]
