@@ -9,6 +9,7 @@ import gc
 import json
 import os
 import socket
+import weakref
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,65 @@ def test_under_ddp_every_rank_switches_together_when_one_runs_out_of_memory(tmp_
     for rank in ranks:  # the replicas stay identical and equal the run that never ran out of memory
         for ours, theirs in zip(rank["auto"]["weights"], ranks[0]["full"]["weights"]):
             torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=1e-6, atol=1e-6)
+
+
+
+class _Cycle:
+    """Activations in a reference cycle, as a hook or a closure over the model can leave them."""
+
+    def __init__(self, activations: torch.Tensor) -> None:
+        self.activations, self.me = activations, self
+
+
+class CycleThenOutOfMemory(nn.Module):
+    """Above ``limit`` samples, leaves 16 MiB of activations in a reference cycle and runs out of memory;
+    ``held`` records, at every forward, whether a failed micro-batch's cycle was still alive."""
+
+    def __init__(self, limit: int, device: str = "cpu") -> None:
+        super().__init__()
+        self.net = nn.Linear(8, 2).to(device)
+        self.limit, self.cycles, self.held = limit, [], []
+
+    def forward(self, x):
+        self.held.append(any(cycle() is not None for cycle in self.cycles))
+        if x.shape[0] > self.limit:
+            self.cycles.append(weakref.ref(_Cycle(torch.ones(1 << 22, device=x.device))))
+            raise _oom(x.shape[0])
+        return self.net(x)
+
+
+def _one_window(model: nn.Module, device: str) -> int:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    accumulator = GradientAccumulator(optimizer)
+    micro = AdaptiveMicroBatches(64)
+    batch = (torch.randn(64, 8, device=device), torch.randint(0, 2, (64,), device=device))
+
+    def train(part, last):
+        x, y = part
+        accumulator.backward(F.cross_entropy(model(x), y), count=len(y))
+
+    size = micro.run(batch, train, discard=accumulator.discard_window)
+    accumulator.step()
+    return size
+
+
+def test_no_full_collection_when_no_accelerator_memory_is_in_use(monkeypatch):
+    """Host memory is not what runs out (CUDA's and MPS's is): no full collection, 0.4 s with a big heap."""
+    if torch.cuda.is_initialized() or torch.backends.mps.is_available():  # asked now: an earlier test may use CUDA
+        pytest.skip("accelerator memory is in use in this process")
+    collections = []
+    real = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *args: collections.append(args) or real(*args))
+    assert _one_window(CycleThenOutOfMemory(limit=16), "cpu") == 16
+    assert collections == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_a_failed_windows_cycles_are_freed_before_it_is_redone():
+    torch.cuda.synchronize()
+    model = CycleThenOutOfMemory(limit=16, device="cuda")
+    baseline = torch.cuda.memory_allocated()
+    assert _one_window(model, "cuda") == 16
+    assert len(model.cycles) == 2 and len(model.held) == 6  # 64 and 32 fail, then 4 micro-batches of 16
+    assert not any(model.held), model.held  # each retry started with the failed micro-batch's 16 MiB freed
+    assert torch.cuda.memory_allocated() - baseline < 1 << 22

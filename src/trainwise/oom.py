@@ -185,11 +185,17 @@ class AdaptiveMicroBatches:
 
 
 def _free_memory() -> None:
-    gc.collect()  # tensors held by reference cycles of the failed window
-    if torch.cuda.is_available():
+    """Give the failed window's device memory back before the window is redone: the tensors only a reference
+    cycle of the window still holds are collected, then the allocator's cache is emptied. Only where CUDA or MPS
+    memory is in use, the memory that runs out: a full collection takes 0.4 s with a big heap."""
+    cuda = torch.cuda.is_initialized()
+    mps = getattr(torch, "mps", None) if torch.backends.mps.is_available() else None
+    if not cuda and mps is None:
+        return
+    gc.collect()
+    if cuda:
         torch.cuda.empty_cache()
-    mps = getattr(torch, "mps", None)
-    if mps is not None and torch.backends.mps.is_available():
+    if mps is not None:
         mps.empty_cache()
 
 
