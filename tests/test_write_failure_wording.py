@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainwise import TrainwiseError, save_checkpoint
+from trainwise import TrainwiseError, export, save_checkpoint
 from trainwise.checkpoint import CheckpointManager, atomic_torch_save, save_training_checkpoint
 from trainwise.errors import DiskWriteError
 from trainwise.files import atomic_write_json, write_failure
@@ -53,11 +53,13 @@ WRITERS: dict[str, Writer] = {
                                     run / "c.pt"),
     "the run's log, opened": lambda run: (run, lambda: open_run_log(run), run / LOG),
     "the run folder's lock": lambda run: (run, lambda: RunLock(run).acquire(), run / LOCK),
+    "export (torch.export)": lambda run: (run, lambda: export(nn.Linear(2, 2), torch.ones(1, 2), run / "m.pt2"),
+                                          run / "m.pt2"),
 }
 
 
 @pytest.mark.parametrize("code", CODES, ids=errno.errorcode.get)
-@pytest.mark.parametrize("writer", list(WRITERS))
+@pytest.mark.parametrize("writer", [name for name in WRITERS if not name.startswith("export")])
 def test_every_writer_words_a_failed_open_in_the_one_sentence(tmp_path, monkeypatch, writer, code):
     run = tmp_path / "run"
     run.mkdir()
@@ -84,7 +86,8 @@ def test_a_training_checkpoint_adds_only_the_latest_good_one(tmp_path, monkeypat
     assert str(info.value) == f"{failed}; the latest good checkpoint is {latest}."
 
 
-@pytest.mark.parametrize("writer", ["atomic JSON (config.json)", "weights (torch.save)", "save_checkpoint"])
+@pytest.mark.parametrize("writer", ["atomic JSON (config.json)", "weights (torch.save)", "save_checkpoint",
+                                    "export (torch.export)"])
 def test_a_folder_that_is_not_there_is_the_same_sentence(tmp_path, writer):
     missing = tmp_path / "gone"
     _, write, named = WRITERS[writer](missing)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import importlib
 import inspect
 import linecache
@@ -30,7 +31,7 @@ from trainwise.exporting.common import FORMATS, SUFFIXES, ExportWarning, Format,
 from trainwise.exporting.pt2_check import Refused, check_archive
 from trainwise.exporting.sidecar import SIDECAR_VERSION, _sidecar_path, refuse_replacing_another_file
 from trainwise.exporting.verify import ExportReport, _verify
-from trainwise.files import atomic_write_json
+from trainwise.files import atomic_write_json, write_failure
 
 _ONNX_WEIGHTS_INLINE_LIMIT = 1 << 30  # bytes of weights kept inside the .onnx file (protobuf caps files at 2 GiB)
 _FIRST_CAUSES = 8  # how deep to look into an exception's __cause__ chain
@@ -81,7 +82,7 @@ def export(
     if target.is_dir():
         raise TrainwiseError(f"{target} is a folder; pass the artifact's file name, e.g. {target / 'model'}.pt2.")
     if not target.parent.is_dir():
-        raise TrainwiseError(f"folder {target.parent} does not exist; create it first or choose another path.")
+        raise write_failure(target, errno.ENOENT)
     refuse_replacing_another_file(target, SUFFIXES[format])  # the sidecar's name may be a user's file
     if format == "onnx":
         _require("onnx", "ONNX export")
