@@ -1,18 +1,27 @@
-"""Callbacks: a user's own logic at six points of ``Trainer.fit``, with a read-only view of the run that can
-log a metric or ask the run to stop. docs/callbacks.md shows each event with an example.
+"""Callbacks: a user's own logic at six points of ``Trainer.fit``, with a read-only view of the run
+(:class:`TrainingState`: the step, the epoch, the metrics and history, the model, optimizer and run folder) that
+can log a metric or ask the run to stop, and reaches nothing else of the run. docs/callbacks.md shows each event
+with an example.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
-import sys
+import os
 import types
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainwise.errors import TrainwiseError, first_line, show
+
+if TYPE_CHECKING:
+    import torch
+
+    from trainwise.checkpoint.resume import LoopCounters
+    from trainwise.run_control import Outcome, RunControl
 
 EVENTS = ("on_fit_start", "on_epoch_start", "on_step_end", "on_validation_end", "on_epoch_end", "on_fit_end")
 _RESERVED = ("kind", "epoch", "step")
@@ -53,69 +62,101 @@ class Callback:
         """Once, when fit ends for any reason; ``state.status`` says which."""
 
 
+class LatestMetrics:
+    """The newest metric values already read from the device, which a callback's ``state.metrics`` shows. One
+    owner (the run builds one, :mod:`trainwise.run`) and one way to write it, :meth:`publish`: the log cadence
+    publishes each log interval's running values, the loop each epoch's record."""
+
+    __slots__ = ("values",)
+
+    def __init__(self) -> None:
+        self.values: Mapping[str, float] = {}
+
+    def publish(self, values: Mapping[str, float]) -> None:
+        """Show ``values`` from now on; the epoch's record is published as it is built (the callbacks' metrics,
+        the learning rate and the step join it afterwards, and the view shows them too)."""
+        self.values = values
+
+
 class TrainingState:
     """What a callback sees of the run: read-only values, plus :meth:`log` and :meth:`request_stop`.
 
-    ``metrics`` are the latest values already read from the device (the last log interval during an epoch,
-    the epoch's record after it), so reading them never waits for the device.
+    Each value is read from the object that owns it (named in its docstring); the view holds nothing else of
+    the run, so a callback cannot reach the loop, the run folder or the checkpoints. ``metrics`` are the latest
+    values already read from the device (the last log interval during an epoch, the epoch's record after it), so
+    reading them never waits for the device.
     """
 
-    def __init__(self, fit: Any, epochs: int) -> None:
-        self.fit = fit  # the Trainer's view of the run, for the built-in policies (trainwise.policies)
+    def __init__(self, *, epochs: int, counters: LoopCounters, steps: Callable[[], int], latest: LatestMetrics,
+                 model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_dir: str | os.PathLike[str],
+                 control: RunControl, outcome: Outcome) -> None:
         self.epochs = epochs  # the epochs fit was asked for
+        self._counters = counters
+        self._steps = steps
+        self._latest = latest
+        self._model = model
+        self._optimizer = optimizer
+        self._run_dir = Path(run_dir)
+        self._control = control
+        self._outcome = outcome
         self._logged: dict[str, float] = {}
 
     @property
     def status(self) -> str | None:
-        """At ``on_fit_end``: finished, stopped_early, interrupted, preempted or failed (None before)."""
-        return self.fit.outcome.status if self.fit is not None else None
-
-    @status.setter
-    def status(self, status: str) -> None:  # the end: a callback's on_fit_end that raised makes it "failed"
-        self.fit.outcome.status = status
+        """At ``on_fit_end``: finished, stopped_early, interrupted, preempted or failed (None before); owned by
+        the run's :class:`~trainwise.run_control.Outcome`."""
+        return self._outcome.status
 
     @property
     def stop_reason(self) -> str | None:
-        """The reason of the stop requested so far (:meth:`request_stop`), None when none was."""
-        request = self.fit.control.request
+        """The reason of the stop requested so far (:meth:`request_stop`), None when none was; owned by the
+        :class:`~trainwise.run_control.RunControl`."""
+        request = self._control.request
         return None if request is None else request[0]
 
     @property
     def stop_message(self) -> str | None:
-        """The sentence the run says when it stops for ``stop_reason``."""
-        request = self.fit.control.request
+        """The sentence the run says when it stops for ``stop_reason`` (the RunControl's, as ``stop_reason``)."""
+        request = self._control.request
         return None if request is None else request[1]
 
     @property
     def epoch(self) -> int:
-        """The current epoch, counted from 1 (at ``on_fit_end``, the last one trained)."""
-        return int(self.fit.epoch or self.fit.counters.epoch)
+        """The current epoch, counted from 1 (at ``on_fit_end``, the last one trained); the loop's one epoch
+        counter, :class:`~trainwise.checkpoint.resume.LoopCounters`' ``epoch``."""
+        return int(self._counters.epoch)
 
     @property
     def step(self) -> int:
-        """Optimizer steps taken so far."""
-        return int(self.fit.state.accumulator.optimizer_steps)
+        """Optimizer steps taken so far; the count the run's :class:`~trainwise.accumulation.GradientAccumulator`
+        keeps."""
+        return int(self._steps())
 
     @property
     def metrics(self) -> Mapping[str, float]:
-        return types.MappingProxyType(dict(self.fit.latest))
+        """The newest values read from the device, as :class:`LatestMetrics` (the run's one) holds them."""
+        return types.MappingProxyType(dict(self._latest.values))
 
     @property
     def history(self) -> tuple[Mapping[str, float], ...]:
-        """One record per finished epoch, as ``FitResult.history`` will hold them."""
-        return tuple(types.MappingProxyType(dict(r)) for r in self.fit.counters.history)
+        """One record per finished epoch, as ``FitResult.history`` will hold them; owned by the loop's
+        :class:`~trainwise.checkpoint.resume.LoopCounters`."""
+        return tuple(types.MappingProxyType(dict(r)) for r in self._counters.history)
 
     @property
-    def model(self) -> Any:
-        return self.fit.state.model
+    def model(self) -> torch.nn.Module:
+        """The model being trained (the user's module, not a DDP or compiled wrapper)."""
+        return self._model
 
     @property
-    def optimizer(self) -> Any:
-        return self.fit.state.optimizer
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The run's optimizer."""
+        return self._optimizer
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.fit.folder.run_dir)
+        """The run folder (its files are the run's to write: read them, write your own beside them)."""
+        return self._run_dir
 
     def log(self, name: str, value: Any) -> None:
         """Log a metric at the current step: in ``metrics.jsonl``, every tracker, and, from
@@ -139,20 +180,44 @@ class TrainingState:
         torchrun the request of rank 0 decides for every process. The run then says ``message``, by default
         "stopped after epoch N: <reason>."."""
         message = message if message is not None else f"stopped after epoch {self.epoch}: {reason}."
-        self.fit.control.request_stop(str(reason), message)
+        self._control.request_stop(str(reason), message)
 
     def take_logged(self) -> dict[str, float]:
+        """The metrics logged since the last call (the callback list writes them), emptied."""
         logged, self._logged = self._logged, {}
         return logged
 
 
+@dataclasses.dataclass(frozen=True)
+class CallbackErrors:
+    """What the callbacks' end event found, for the run's end record: ``cause``, the callback whose error ended
+    the run (None when no callback's did); ``others``, every other callback error as ``(callback, error)``;
+    ``raised``, the error to raise once the end is recorded (None when the run was failing already, or when no
+    callback raised)."""
+
+    cause: str | None = None
+    others: tuple[tuple[str, BaseException], ...] = ()
+    raised: BaseException | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The end record's ``callback`` and ``also_failed``, those that have something to say."""
+        fields: dict[str, Any] = {} if self.cause is None else {"callback": self.cause}
+        if self.others:
+            fields["also_failed"] = [{"callback": name, "error": f"{type(exc).__name__}: {exc}"[:500]}
+                                     for name, exc in self.others]
+        return fields
+
+
 class CallbackList:
     """The run's callbacks, by event; each event calls only the callbacks that define it. ``policies`` are
-    the Trainer's built-in ones (:mod:`trainwise.policies`), called before or after the user's by their ``order``."""
+    the Trainer's built-in ones (:mod:`trainwise.policies`), called before or after the user's by their ``order``.
+    ``outcome`` is the run's :class:`~trainwise.run_control.Outcome`, marked failed when an ``on_fit_end`` raises."""
 
-    def __init__(self, callbacks: Iterable[Any], state: TrainingState, *, policies: Iterable[Any] = ()) -> None:
+    def __init__(self, callbacks: Iterable[Any], state: TrainingState, *, outcome: Outcome,
+                 policies: Iterable[Any] = ()) -> None:
         callbacks = list(_as_list(callbacks))
         self.state = state
+        self.outcome = outcome
         self.handlers: dict[str, list[Any]] = {event: [] for event in EVENTS}  # the user's
         for callback in callbacks:
             _check_callback(callback)
@@ -195,16 +260,15 @@ class CallbackList:
             handler(state)
         return state.take_logged() if state._logged else {}
 
-    def fire_naming(self, event: str) -> None:
+    def fire_naming(self, event: str, *, failing: BaseException | None = None) -> CallbackErrors:
         """:meth:`fire` for the run's last event, ``on_fit_end``: every handler is called even after one raised
         (each callback gets its end; the later ones see ``state.status == "failed"``), and each error names its
-        callback (``trainwise_callback`` on the exception: ``"MyCallback.on_fit_end"``). The first is raised,
-        unless the run is already failing with another error; the error that reaches the user gets a note for
-        each other callback error, and the run folder is told which callback's error ended the run and every
-        other one (the end record's ``callback`` and ``also_failed``). Nothing is logged after it."""
+        callback (``trainwise_callback`` on the exception: ``"MyCallback.on_fit_end"``). ``failing`` is the error
+        the run is failing with, if any. Returns what the end record says of the callbacks (:class:`CallbackErrors`):
+        the error that reaches the user (``failing``, else the first raised here, which the caller raises once the
+        end is recorded) gets a note for each other callback error. Ctrl-C or an exit inside a handler propagates at
+        once. Nothing is logged after it."""
         state = self.state
-        # the error the run is failing with (its end record's "error"), raised before this event
-        ending = sys.exc_info()[1] if state.status == "failed" else None
         raised: list[BaseException] = []
         with self.context():
             for handler in [*self.before[event], *self.handlers[event], *self.after[event]]:
@@ -213,20 +277,18 @@ class CallbackList:
                 except Exception as exc:
                     _name(exc, handler, event)
                     raised.append(exc)
-                    state.status = "failed"
+                    self.outcome.status = "failed"
                 except BaseException as exc:  # Ctrl-C or an exit: nothing more is called
                     _name(exc, handler, event)
                     raise
-        shown = ending if ending is not None else raised[0] if raised else None
-        others = [exc for exc in raised if exc is not shown]
-        for exc in others:
-            _add_note(shown, f"{getattr(exc, 'trainwise_callback', 'a callback')} also raised "
-                             f"{type(exc).__name__}: {first_line(exc)}")
-        cause = getattr(shown, "trainwise_callback", None)
-        _tell_folder(state, cause, others)
-        if ending is None and raised:
-            raise raised[0]
         state.take_logged()
+        shown = failing if failing is not None else raised[0] if raised else None
+        others = tuple((getattr(error, "trainwise_callback", "a callback"), error) for error in raised
+                       if error is not shown)
+        for name, error in others:
+            _add_note(shown, f"{name} also raised {type(error).__name__}: {first_line(error)}")
+        return CallbackErrors(cause=getattr(shown, "trainwise_callback", None), others=others,
+                              raised=raised[0] if raised and failing is None else None)
 
 
 def _name(exc: BaseException, handler: Any, event: str) -> None:
@@ -248,15 +310,6 @@ def _add_note(exc: BaseException | None, note: str) -> None:
             exc.add_note(note)
         else:  # pragma: no cover - Python 3.10
             exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
-
-
-def _tell_folder(state: TrainingState, cause: str | None, others: list[BaseException]) -> None:
-    """Give the run folder what its end record says of the callbacks: the one whose error ended the run, and
-    every other callback error, none lost (see :meth:`RunFolder.callbacks_ended`)."""
-    folder = getattr(state.fit, "folder", None)
-    if folder is None or (cause is None and not others):  # a TrainingState without a run; nothing to say
-        return
-    folder.callbacks_ended(cause, [(getattr(exc, "trainwise_callback", "a callback"), exc) for exc in others])
 
 
 def callback_metrics(logged: dict[str, float], record: dict[str, float]) -> dict[str, float]:

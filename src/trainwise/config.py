@@ -119,6 +119,19 @@ class TrainerConfig:
 
         self.loggers = split_loggers(self.loggers)[0]  # known names, their packages installed
 
+    def check_processes(self, kind: Literal["single", "ddp", "fsdp"]) -> None:
+        """Refuse, in one sentence, an option the processes that train cannot honour; ``kind`` is the strategy's
+        name, known only once ``fit`` has joined torchrun's processes (one process honours every option)."""
+        if kind == "single":
+            return
+        if self.unfreeze_at:  # DDP and FSDP fix the trainable parameters when they wrap
+            raise TrainwiseError(
+                "unfreeze_at is not supported with several processes; run each unfreezing phase as its own fit()."
+            )
+        if kind == "fsdp" and self.batch_size == "auto":
+            raise TrainwiseError("batch_size='auto' is not supported with distributed='fsdp'; set batch_size to "
+                                 "a micro-batch that fits, with effective_batch.")
+
     @classmethod
     def option_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]

@@ -2,8 +2,10 @@
 from a Trainer's options (model placed, optimizer, loaders, run folder, resume, the step, guards, callbacks),
 and how it ends (best weights, curves, the end record, every file closed, the process group left).
 
-The Trainer's loop (:mod:`trainwise.trainer`) runs it; the policies (:mod:`trainwise.policies`) see it as
-``state.fit``. Package-internal: the public face is ``Trainer.fit`` and the primitives it calls.
+The Trainer's loop (:mod:`trainwise.trainer`) runs it, built from a :class:`RunSpec` (the options and the objects
+the Trainer was given); the policies (:mod:`trainwise.policies`) are handed the parts they use, and the user's
+callbacks a view (:class:`~trainwise.callbacks.TrainingState`). Package-internal: the public face is
+``Trainer.fit`` and the primitives it calls.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ import dataclasses
 import functools
 import sys
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from trainwise._version import __version__
 from trainwise.accumulation import GradientAccumulator
-from trainwise.callbacks import CallbackList, TrainingState
+from trainwise.callbacks import CallbackErrors, CallbackList, LatestMetrics, TrainingState
 from trainwise.checkpoint.compat import FACTS_KEY, run_facts
 from trainwise.checkpoint.manager import CheckpointManager, latest_in
 from trainwise.checkpoint.resume import LoopCounters, RunState, resume
@@ -55,7 +58,7 @@ from trainwise.run_folder import BEST_WEIGHTS, RunFolder
 from trainwise.runlog import RunLock, open_run
 from trainwise.seeding import seed_everything
 from trainwise.step import TrainStep
-from trainwise.strategy import SingleProcess, connect
+from trainwise.strategy import SingleProcess, Strategy, connect
 from trainwise.tracking import TrackedLog, open_loggers
 
 # The guards' codes this loop rules out itself: it zeroes the gradients every step (TW105), scales float16 with a
@@ -66,13 +69,30 @@ RULED_OUT_BY_THE_LOOP = frozenset({"TW105", "TW109", "TW112"})
 GUARD_FORWARD_EVERY = 8
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class RunSpec:
+    """What one ``fit`` is built from: the Trainer's plain options and the objects it was given (``Trainer.fit``
+    hands it to :func:`start_run`, which reads nothing else of the Trainer)."""
+
+    config: TrainerConfig
+    forward: Callable[[Any, torch.device], Callable[[Any, Any], Any]]  # (precision, device) -> the step's forward
+    split_batch: Callable[[Any], tuple[Any, Any]]  # a batch -> (inputs, targets)
+    optimizer: Any = None  # an optimizer, or a factory called with the trainable parameters (None: AdamW)
+    scheduler: Any = None  # a scheduler, or a factory called with the optimizer
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    callbacks: Sequence[Any] = ()  # the user's callbacks
+    logger_objects: Sequence[Any] = ()  # tracker objects beside the named loggers of config.loggers
+
+
 @dataclasses.dataclass(eq=False)
 class Fit:
-    """What one ``fit`` holds besides the checkpointed :class:`RunState`; the policies see the run through it."""
+    """What one ``fit`` holds besides the checkpointed :class:`RunState`; the loop runs it, and hands the policies
+    and callbacks only the parts they use."""
 
     options: TrainerConfig
     state: RunState
-    strategy: SingleProcess
+    strategy: Strategy
     lock: RunLock
     folder: RunFolder
     eval_model: torch.nn.Module
@@ -89,8 +109,8 @@ class Fit:
     compiled: CompileWatch | None = None  # with compile=True: the graphs torch.compile compiles, for the end record
     outcome: Outcome = dataclasses.field(default_factory=Outcome)  # how it ended, written at the loop's one end
     started: float = 0.0
-    latest: dict[str, float] = dataclasses.field(default_factory=dict)  # the newest values read from the device
-    epoch: int = 0  # the epoch training is in (or last was in)
+    # the newest values read from the device, which callbacks see: published by the log cadence and the loop
+    latest: LatestMetrics = dataclasses.field(default_factory=LatestMetrics)
     resumed_step: int | None = None
     checkpoint_step: int = -1
     count_said: bool = False  # what count="auto" chose was said (after the first step)
@@ -103,15 +123,20 @@ class Fit:
     def optimizer_steps(self) -> int:
         return self.state.accumulator.optimizer_steps
 
-    def checkpoint(self, *, metric: float | None = None) -> None:
-        """Save the full state at an optimizer-step boundary, never after a non-finite loss."""
+    def checkpoint(self, *, metric: float | None = None, epoch_done: bool = False) -> None:
+        """Save the full state at an optimizer-step boundary, never after a non-finite loss; at an epoch's end
+        (``epoch_done``) its counters say the next epoch, where a resume of it starts (the loop's own counter
+        stays on the epoch just trained)."""
         if not self.options.checkpoints:
             return
         if self.options.nonfinite == "stop":
             check_finite_everywhere(self.guard, self.optimizer_steps)
         self.counters.accuracy = self.step.counts_accuracy
+        entries = self.state.entries()
+        if epoch_done:
+            entries["loop"] = self.counters.next_epoch()
         with self.control.held():  # a Ctrl-C inside torch.save would break the file being written
-            save_training_checkpoint(self.manager, self.state.entries(), step=self.optimizer_steps, metric=metric,
+            save_training_checkpoint(self.manager, entries, step=self.optimizer_steps, metric=metric,
                                      config=self.config, run_dir=self.folder.run_dir,
                                      background=True)  # fsync and pruning overlap the next epoch
         self.checkpoint_step = self.optimizer_steps
@@ -173,14 +198,18 @@ class Fit:
         if self.outcome.status is not None:  # told already
             return
         self.outcome.status = status  # what on_fit_end sees as state.status
-        raised: BaseException | None = None
-        record: dict[str, Any] = {"kind": "end", "status": status, "step": self.optimizer_steps}
+        ended = CallbackErrors()
         if self.callbacks is not None:
             try:
-                self.callbacks.fire_naming("on_fit_end")
-            except BaseException as exc:
-                raised, status, error = exc, "failed", error or exc
-                record.update(status=status, callback=getattr(exc, "trainwise_callback", "a callback"))
+                ended = self.callbacks.fire_naming("on_fit_end", failing=error)
+            except BaseException as exc:  # Ctrl-C or an exit inside an on_fit_end: no other was called after it
+                ended = CallbackErrors(cause=getattr(exc, "trainwise_callback", "a callback"), raised=exc)
+        raised = ended.raised
+        if raised is not None:
+            status, error = "failed", error or raised
+        # the end record's one writer: what the callbacks' end found joins it here
+        record: dict[str, Any] = {"kind": "end", "status": status, "step": self.optimizer_steps,
+                                  **(ended.record() if status == "failed" else {})}
         if error is not None:
             record["error"] = f"{type(error).__name__}: {error}"[:500]
         graphs = self.compiled.new_graphs() if self.compiled is not None else None
@@ -240,10 +269,10 @@ class Fit:
 # -- building a run from a Trainer's options ----------------------------------------------------------------
 
 
-def start_run(trainer: Any, model: Any, train_data: Any, val_data: Any) -> Fit:
-    """The run ``trainer.fit(model, train_data, val_data)`` trains; what it had taken (the run folder's lock, a
-    process group) is let go if building it fails, a lost process said in one sentence."""
-    builder = _Builder(trainer)
+def start_run(spec: RunSpec, model: Any, train_data: Any, val_data: Any) -> Fit:
+    """The run ``Trainer.fit(model, train_data, val_data)`` trains, built from ``spec``; what it had taken (the run
+    folder's lock, a process group) is let go if building it fails, a lost process said in one sentence."""
+    builder = _Builder(spec)
     try:
         return builder.build(model, train_data, val_data)
     except BaseException as exc:
@@ -260,25 +289,25 @@ class _Builder:
     """The set-up of one run, in the order a person would write it: model, processes, optimizer, data, the
     run folder, resume, the step, guards, callbacks."""
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer, self.cfg = trainer, trainer.config
-        self.strategy = SingleProcess(torch.device("cpu"))  # until connect(): under torchrun, DDP or FSDP
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec, self.cfg = spec, spec.config
+        self.strategy: Strategy = SingleProcess(torch.device("cpu"))  # until connect(): under torchrun, DDP or FSDP
         self.lock = RunLock(".")  # until the run folder is opened
 
     def build(self, model: Any, train_data: Any, val_data: Any) -> Fit:
-        cfg, trainer, started = self.cfg, self.trainer, time.perf_counter()
+        cfg, spec, started = self.cfg, self.spec, time.perf_counter()
         model, precision, notes = self._place_model(model)
         strategy, device = self.strategy, self.strategy.device
-        optimizer = build_optimizer(model, trainer.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
+        optimizer = build_optimizer(model, spec.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                     lr_by_pattern=cfg.lr_by_pattern, check_coverage=cfg.guards == "off",
                                     fold_groups=not strategy.sharded)  # FSDP's checkpoints keep their groups
-        scheduler = build_scheduler(trainer.scheduler, optimizer)
+        scheduler = build_scheduler(spec.scheduler, optimizer)
         plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         train_loader, val_loader = self._loaders(model, train_data, val_data, device)
         auto = cfg.batch_size == "auto"  # each batch of effective_batch samples is one window, split as it fits
         accumulator = GradientAccumulator(
             optimizer, steps=1 if auto else window_steps(train_loader, effective_batch=cfg.effective_batch,
-                                                         steps=cfg.accumulation_steps, split=trainer.split_batch),
+                                                         steps=cfg.accumulation_steps, split=spec.split_batch),
             scheduler=None if plateau else scheduler, scaler=precision.make_scaler(),
             max_grad_norm=cfg.max_grad_norm, skip_nonfinite=cfg.nonfinite == "skip", distributed=strategy.enabled)
         forward_model, eval_model = strategy.wrap(model, compile=cfg.compile)
@@ -286,7 +315,7 @@ class _Builder:
                          metrics=MetricSet(device), scheduler=scheduler)
         facts = run_facts(model=model, optimizer=optimizer, scheduler=scheduler, loader=train_loader,
                           window=accumulator.steps, precision=precision.name, world_size=strategy.world_size,
-                          loss_fn=trainer.loss_fn)
+                          loss_fn=spec.loss_fn)
         folder = self._open_folder(precision)  # the lock taken
         fit = Fit(options=cfg, state=state, strategy=strategy, lock=self.lock, folder=folder, eval_model=eval_model,
                   val_loader=val_loader, precision=precision, started=started, stream=StreamCheck(train_loader),
@@ -306,7 +335,7 @@ class _Builder:
         unfreeze = next((p for p in policies if isinstance(p, UnfreezeSchedule)), None)
         fit.resumed_step = resume(state, cfg.resume, fit.folder, config=cfg.to_dict(), facts=facts,
                                   mismatch=cfg.resume_mismatch, sharded=strategy.sharded, is_main=strategy.is_main,
-                                  before_restore=unfreeze and functools.partial(_replay, unfreeze, state))
+                                  before_restore=unfreeze.replay if unfreeze is not None else None)
         if fit.guard.model is not None:
             fit.guard.keep(accumulator.optimizer_steps)  # a NaN before the first check returns the model here
         fit.folder.log.begin()  # compared first, written after: a refused resume has left the folder as it was
@@ -314,7 +343,7 @@ class _Builder:
         if auto:
             splitter = AdaptiveMicroBatches(fit.counters.micro_batch or cfg.effective_batch,
                                             distributed=strategy.enabled, model=forward_model)
-        fit.step = TrainStep(forward_model, accumulator, trainer.forward_function(precision, device), state.metrics,
+        fit.step = TrainStep(forward_model, accumulator, spec.forward(precision, device), state.metrics,
                              accuracy=cfg.accuracy, ignore_index=cfg.ignore_index, stream=fit.stream,
                              skip_nonfinite=cfg.nonfinite == "skip", splitter=splitter,
                              loss_guard=fit.guard if cfg.nonfinite == "stop" else None,
@@ -343,7 +372,7 @@ class _Builder:
             model = built
         choice = resolve_device(cfg.device)
         self.strategy = connect(cfg.distributed, choice.device, timeout=cfg.dist_timeout)  # torchrun: join
-        self.strategy.check(unfreeze_at=cfg.unfreeze_at, auto_batch=cfg.batch_size == "auto")
+        cfg.check_processes(self.strategy.name)  # an option these processes cannot honour: one sentence
         device = self.strategy.device
         model.to(device)
         # requires_grad_(False) alone leaves BatchNorm updating its statistics in train mode: pinned in eval
@@ -364,7 +393,7 @@ class _Builder:
         cfg = self.cfg
         batch_size = cfg.effective_batch if cfg.batch_size == "auto" else cfg.batch_size
         options = {"seed": cfg.seed, "num_workers": cfg.num_workers, "device": device,
-                   "shard": self.strategy.enabled, "collate_fn": self.trainer.collate_fn}
+                   "shard": self.strategy.enabled, "collate_fn": self.spec.collate_fn}
         # a process whose shard ran out pads with real samples weighted 0 (docs/distributed.md, Ragged shards)
         train = training_loader(train_data, batch_size=batch_size, epochs=cfg.epochs, drop_last=cfg.drop_last,
                                 padding=padding_for(model), **options)
@@ -403,19 +432,28 @@ class _Builder:
                 path=fit.folder.file(BEST_WEIGHTS) if keep == "disk" else None)
 
     def _policies(self, fit: Fit, *, plateau: Any) -> list[Any]:
-        """The built-in callbacks this configuration asks for, in the order they run at an event."""
-        cfg = self.cfg
-        policies: list[Any] = [LogCadence(cfg.log_every, check_finite=cfg.nonfinite == "stop")]
+        """The built-in callbacks this configuration asks for, in the order they run at an event, each handed the
+        parts of the run it uses."""
+        cfg, state, folder = self.cfg, fit.state, fit.folder
+        accumulator = state.accumulator
+        policies: list[Any] = [LogCadence(
+            cfg.log_every, accumulator=accumulator, metrics=state.metrics, reduce=fit.strategy.reduce,
+            optimizer=state.optimizer, progress=folder.progress, record=folder.record, publish=fit.latest.publish,
+            check_finite=functools.partial(check_finite_everywhere, fit.guard) if cfg.nonfinite == "stop" else None)]
         if cfg.checkpoint_every and cfg.checkpoints:
-            policies.append(PeriodicCheckpoint(cfg.checkpoint_every))
+            policies.append(PeriodicCheckpoint(cfg.checkpoint_every, windows=lambda: accumulator.windows,
+                                               save=fit.checkpoint))
         if cfg.unfreeze_at:
-            policies.append(UnfreezeSchedule(cfg.unfreeze_at, lr_by_pattern=cfg.lr_by_pattern))
+            policies.append(UnfreezeSchedule(cfg.unfreeze_at, lr_by_pattern=cfg.lr_by_pattern, model=state.model,
+                                             optimizer=state.optimizer, scheduler=state.scheduler,
+                                             resume_offset=lambda: state.loader.resume_offset,
+                                             announce=folder.announce))
         if plateau is not None:
             policies.append(PlateauStep(plateau))
         if cfg.diagnose:
-            policies.append(OverfittingWatch())
-        if fit.state.early_stopping is not None:
-            policies.append(EarlyStop(fit.state.early_stopping))
+            policies.append(OverfittingWatch(state.counters, announce=folder.announce))
+        if state.early_stopping is not None:
+            policies.append(EarlyStop(state.early_stopping, counters=state.counters, model=state.model))
         return policies
 
     def _install_guards(self, fit: Fit, forward_model: torch.nn.Module) -> None:
@@ -441,13 +479,16 @@ class _Builder:
 
     def _open_callbacks(self, fit: Fit, policies: list[Any]) -> None:
         """The policies and the user's callbacks with their view of the run; the loggers beside metrics.jsonl."""
-        cfg, trainer = self.cfg, self.trainer
+        cfg, spec, state = self.cfg, self.spec, fit.state
+        view = TrainingState(epochs=cfg.epochs, counters=state.counters, latest=fit.latest, model=state.model,
+                             steps=lambda: state.accumulator.optimizer_steps, optimizer=state.optimizer,
+                             run_dir=fit.folder.run_dir, control=fit.control, outcome=fit.outcome)
         try:
-            fit.callbacks = CallbackList(trainer.callbacks, TrainingState(fit, cfg.epochs), policies=policies)
+            fit.callbacks = CallbackList(spec.callbacks, view, outcome=fit.outcome, policies=policies)
             if fit.guard_hooks is not None:  # the guards check every forward a callback runs
                 fit.callbacks.context = fit.guard_hooks.watching_forwards
-            if fit.strategy.is_main and (cfg.loggers != ["jsonl"] or trainer.logger_objects):
-                trackers = open_loggers(cfg.loggers, trainer.logger_objects, fit.folder.run_dir,
+            if fit.strategy.is_main and (cfg.loggers != ["jsonl"] or spec.logger_objects):
+                trackers = open_loggers(cfg.loggers, list(spec.logger_objects), fit.folder.run_dir,
                                         resumed_step=fit.resumed_step)
                 fit.folder.log = TrackedLog(fit.folder.log, trackers, on_failure=fit.folder.say)
                 fit.folder.log.each("log_hyperparams", {**self._params(fit.precision), "world_size":
@@ -457,6 +498,3 @@ class _Builder:
             fit.close(failing=True)
             raise
 
-
-def _replay(unfreeze: UnfreezeSchedule, state: RunState, epoch: int, mid_epoch: bool) -> None:
-    unfreeze.replay(state.model, state.optimizer, state.scheduler, epoch=epoch, mid_epoch=mid_epoch)

@@ -99,7 +99,6 @@ class RunFolder:
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self.run_dir = Path(run_dir)
-        self._callbacks_end: dict[str, Any] | None = None  # what the end record says of the callbacks
 
     def file(self, name: str) -> Path:
         """``run_dir/name``, refused in one sentence unless it is absent or a regular file (not a symlink)."""
@@ -209,23 +208,11 @@ class RunFolder:
         """A line on the progress display only (what config.json or the error already records)."""
         self.progress.message(text)
 
-    def callbacks_ended(self, cause: str | None, others: list[tuple[str, BaseException]]) -> None:
-        """What the callbacks' end event found: ``cause``, the callback whose error ended the run (None when no
-        callback's did), and ``(callback, error)`` for every other callback that raised. The end record of a
-        failed run names the first as ``callback`` and keeps the others in ``also_failed``."""
-        also = [{"callback": name, "error": f"{type(exc).__name__}: {exc}"[:500]} for name, exc in others]
-        self._callbacks_end = {"callback": cause, "also_failed": also}
-
     def finish(self, status: str, record: dict[str, Any], *, artifacts: list[Path],
                final_weights: Callable[[Path], Path] | None = None) -> None:
-        """The run's end record (a full disk is not raised over the run's own error), then the trackers' end
-        state with ``artifacts`` and the final weights, which ``final_weights(path)`` writes when given."""
-        if status == "failed" and self._callbacks_end is not None:
-            record = {key: value for key, value in record.items() if key != "callback"}
-            if self._callbacks_end["callback"] is not None:
-                record["callback"] = self._callbacks_end["callback"]
-            if self._callbacks_end["also_failed"]:
-                record["also_failed"] = self._callbacks_end["also_failed"]
+        """The run's end ``record``, written as it is (a full disk is not raised over the run's own error), then the
+        trackers' end state with ``artifacts`` and the final weights, which ``final_weights(path)`` writes when
+        given."""
         with contextlib.suppress(TrainwiseError):
             self.log.write(record)
         if getattr(self.log, "trackers", None):

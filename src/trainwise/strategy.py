@@ -1,6 +1,7 @@
 """How many processes train and how they agree, as one object, in the spirit of Lightning Fabric's strategies:
-one process (:class:`SingleProcess`), DDP (:class:`DDP`) or FSDP (:class:`FSDP`). The loop asks the strategy
-instead of branching on the process count.
+:class:`Strategy` is the type (a Protocol), implemented by one process (:class:`SingleProcess`), DDP
+(:class:`DDP`) and FSDP (:class:`FSDP`). The loop asks the strategy instead of branching on the process count;
+which Trainer options a strategy cannot honour is the configuration's to say (``TrainerConfig.check_processes``).
 
     >>> strategy = connect("auto", device, timeout=300)      # joins torchrun's process group, if any
     >>> strategy.place(model)                                # FSDP shards here, before the optimizer
@@ -11,7 +12,7 @@ instead of branching on the process count.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -30,13 +31,67 @@ from trainwise.distributed import (
 from trainwise.errors import TrainwiseError
 
 Kind = Literal["auto", "ddp", "fsdp", "off"]
+Name = Literal["single", "ddp", "fsdp"]
+
+
+class Strategy(Protocol):
+    """How many processes train and how they agree: what the loop, the run and the policies may ask."""
+
+    name: Name  # which one: the configuration checks its options against it (TrainerConfig.check_processes)
+    sharded: bool  # FSDP: the model's parameters are shards, saved beside the checkpoint file
+    device: torch.device  # this process's device
+    info: DistributedInfo  # rank, world size, whether trainwise made the process group
+
+    @property
+    def enabled(self) -> bool:
+        """More than one process trains."""
+        ...
+
+    @property
+    def is_main(self) -> bool:
+        """The process that writes the run folder and prints (rank 0)."""
+        ...
+
+    @property
+    def world_size(self) -> int:
+        """The number of processes that train."""
+        ...
+
+    def place(self, model: torch.nn.Module) -> None:
+        """Before the optimizer sees the parameters (FSDP shards the model here, in place)."""
+        ...
+
+    def wrap(self, model: torch.nn.Module, *, compile: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """The module training calls and the one validation calls (compiled when asked)."""
+        ...
+
+    def agree(self, flag: bool) -> bool:
+        """Rank 0's decision, on every process (a stop, say): every process then does the same."""
+        ...
+
+    def agree_on_last(self, last: bool, batches_done: int) -> None:
+        """Data without ``len()``: refuse, on every process at once, a stream that ends on one but not another."""
+        ...
+
+    def reduce(self, metrics: Any) -> dict[str, float]:
+        """The metrics' values over every process (running sums left as they are)."""
+        ...
+
+    def lost_process(self, exc: BaseException, *, checkpoint: str | None, timeout: float) -> TrainwiseError | None:
+        """The one sentence for an error that means another process died; None for any other error."""
+        ...
+
+    def close(self) -> None:
+        """Leave the process group this strategy joined (a user's own group is left alone)."""
+        ...
 
 
 class SingleProcess:
-    """One process: every agreement is the process's own value, every reduction its own sums."""
+    """One process: every agreement is the process's own value, every reduction its own sums. DDP and FSDP
+    share its code by inheritance; the type the rest of trainwise names is :class:`Strategy`."""
 
-    name = "single"
-    sharded = False  # FSDP: the model's parameters are shards, saved beside the checkpoint file
+    name: Name = "single"
+    sharded = False
 
     def __init__(self, device: torch.device, info: DistributedInfo | None = None) -> None:
         self.device = device
@@ -55,9 +110,6 @@ class SingleProcess:
     @property
     def world_size(self) -> int:
         return self.info.world_size
-
-    def check(self, *, unfreeze_at: Any, auto_batch: bool) -> None:
-        """Refuse, in one sentence, an option this strategy cannot honour."""
 
     def place(self, model: torch.nn.Module) -> None:
         """Before the optimizer sees the parameters (FSDP shards the model here, in place)."""
@@ -92,13 +144,7 @@ class DDP(SingleProcess):
     Validation runs on the module itself (no per-batch collective, so unequal evaluation shards cannot hang),
     its sums added over processes at the end."""
 
-    name = "ddp"
-
-    def check(self, *, unfreeze_at: Any, auto_batch: bool) -> None:
-        if unfreeze_at:  # DDP and FSDP fix the trainable parameters when they wrap
-            raise TrainwiseError(
-                "unfreeze_at is not supported with several processes; run each unfreezing phase as its own fit()."
-            )
+    name: Name = "ddp"
 
     def wrap(self, model: torch.nn.Module, *, compile: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
         wrapped = wrap_ddp(model, self.device)
@@ -123,14 +169,8 @@ class FSDP(DDP):
     """FSDP2 ``fully_shard``: each process holds shards of the parameters and optimizer state; checkpoints
     are sharded folders written by every process beside rank 0's file."""
 
-    name = "fsdp"
+    name: Name = "fsdp"
     sharded = True
-
-    def check(self, *, unfreeze_at: Any, auto_batch: bool) -> None:
-        super().check(unfreeze_at=unfreeze_at, auto_batch=auto_batch)
-        if auto_batch:
-            raise TrainwiseError("batch_size='auto' is not supported with distributed='fsdp'; set batch_size to "
-                                 "a micro-batch that fits, with effective_batch.")
 
     def place(self, model: torch.nn.Module) -> None:
         shard_model(model)  # FSDP2, in place, before the optimizer sees the parameters
@@ -140,7 +180,7 @@ class FSDP(DDP):
         return compiled, compiled
 
 
-def connect(kind: Kind, device: torch.device, *, timeout: float) -> SingleProcess:
+def connect(kind: Kind, device: torch.device, *, timeout: float) -> Strategy:
     """The strategy for this process: under torchrun (several processes) it joins the process group and uses
     ``cuda:LOCAL_RANK`` on CUDA; ``"off"`` or one process: :class:`SingleProcess` on ``device``."""
     if kind == "off":
@@ -151,4 +191,4 @@ def connect(kind: Kind, device: torch.device, *, timeout: float) -> SingleProces
     return (FSDP if kind == "fsdp" else DDP)(local_device(device), info)
 
 
-__all__ = ["DDP", "FSDP", "SingleProcess", "connect"]
+__all__ = ["DDP", "FSDP", "SingleProcess", "Strategy", "connect"]

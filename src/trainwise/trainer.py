@@ -32,7 +32,7 @@ from trainwise.evaluation import evaluate
 from trainwise.guards.loss import check_finite_everywhere
 from trainwise.progress import plural
 from trainwise.results import FitResult
-from trainwise.run import Fit, start_run
+from trainwise.run import Fit, RunSpec, start_run
 from trainwise.run_control import Stop
 from trainwise.seeding import determinism_restored
 from trainwise.tracking import split_loggers
@@ -141,7 +141,7 @@ class Trainer:
                 f"model must be a torch.nn.Module or a function that builds one, got {type(model).__name__}."
             )
         with determinism_restored():  # deterministic=True holds for this fit only
-            fit = start_run(self, model, train_data, val_data)
+            fit = start_run(self._spec(), model, train_data, val_data)
             try:
                 # the thread count a checkpoint recorded (float sums depend on it); the signal handlers of the
                 # run's control (Ctrl-C, preemption) from here to the end of the run
@@ -150,6 +150,13 @@ class Trainer:
                     return self._run(fit)
             finally:
                 fit.release()  # the run folder free for the next writer, a process group this fit joined left
+
+    def _spec(self) -> RunSpec:
+        """What a run is built from: the options and the objects this Trainer was given."""
+        return RunSpec(config=self.config, forward=self.forward_function, split_batch=self.split_batch,
+                       optimizer=self.optimizer, scheduler=self.scheduler, loss_fn=self.loss_fn,
+                       collate_fn=self.collate_fn, callbacks=tuple(self.callbacks),
+                       logger_objects=tuple(self.logger_objects))
 
     def _run(self, fit: Fit) -> FitResult:
         """The epochs, then the run's one end; an error the end does not answer closes the run and propagates."""
@@ -197,7 +204,8 @@ class Trainer:
             if stop is not None:
                 outcome.stopped_early, outcome.message = True, stop.message or ""
                 if stop.message is not None:
-                    fit.folder.announce("stopped_early", stop.message, epoch=fit.epoch, message=stop.message)
+                    fit.folder.announce("stopped_early", stop.message, epoch=fit.counters.epoch,
+                                        message=stop.message)
             return fit.finish()
         outcome.stopped, outcome.saved = stop.reason, fit.checkpoint_step == steps
         saved = f"; its checkpoint at step {steps} resumes it" if outcome.saved and fit.manager else ""
@@ -214,7 +222,7 @@ class Trainer:
         """Train one epoch, validate, record it, let the policies and callbacks decide, checkpoint; the run
         control's answer when the run ends here (agreed across processes)."""
         cfg, counters = self.config, fit.counters
-        counters.epoch = fit.epoch = epoch
+        counters.epoch = epoch  # the loop's one epoch counter (callbacks read it as state.epoch)
         started = time.perf_counter()
         set_sampler_epoch(fit.state.loader, epoch)  # a new shuffle each epoch, the same on every process
         self._fire(fit, "on_epoch_start")  # the unfreeze schedule first
@@ -225,20 +233,18 @@ class Trainer:
         if fit.val_loader is not None:
             values = self.validate(fit.eval_model, fit.val_loader, precision=fit.precision, device=fit.strategy.device)
             record.update({f"val_{k}": v for k, v in values.items()})
-        fit.latest = dict(record)
+        fit.latest.publish(record)  # callbacks see the epoch's record from here on, as it grows
         # the callbacks' metrics join the record (monitor sees them); then ReduceLROnPlateau steps
         logged = fit.callbacks.fire("on_validation_end", users=fit.val_loader is not None)
         record.update(callback_metrics(logged, record))
         record.update(lr=fit.state.optimizer.param_groups[0]["lr"], step=fit.state.accumulator.optimizer_steps,
                       seconds=time.perf_counter() - started)
         counters.history.append(record)
-        fit.latest = dict(record)
         fit.folder.record({"kind": "epoch", **record})
         fit.folder.progress.end_epoch(epoch, cfg.epochs, {k: v for k, v in record.items() if k != "epoch"})
         self._fire(fit, "on_epoch_end")  # the overfitting watch first, early stopping last
-        counters.epoch = epoch + 1
         fit.control.agree()  # a requested stop, rank 0 deciding, recorded before the checkpoint saves it
-        fit.checkpoint(metric=record.get(cfg.monitor))
+        fit.checkpoint(metric=record.get(cfg.monitor), epoch_done=True)  # a resume of it starts epoch + 1
         return fit.control.at_epoch(epoch)  # looked at once the checkpoint is whole (a Ctrl-C was held for it)
 
     def _train_epoch(self, fit: Fit) -> dict[str, float] | Stop:
@@ -249,7 +255,7 @@ class Trainer:
         start = loader.resume_offset  # batches of this epoch trained before a resume
         if not start:
             fit.state.metrics.reset()
-        fit.folder.progress.start_epoch(fit.epoch, self.config.epochs, length(loader))
+        fit.folder.progress.start_epoch(fit.counters.epoch, self.config.epochs, length(loader))
         if start:
             fit.folder.progress.advance(start)
         fit.stream.start_epoch()
@@ -278,7 +284,7 @@ class Trainer:
         if not loader.batches_done:
             if unsized:
                 fit.strategy.agree_on_last(True, 0)
-            raise TrainwiseError(f"the training data yielded no batches in epoch {fit.epoch}; pass data that "
+            raise TrainwiseError(f"the training data yielded no batches in epoch {fit.counters.epoch}; pass data that "
                                  "yields batches every epoch (an iterator is used up after one).")
         if self.config.nonfinite == "stop":
             check_finite_everywhere(fit.guard, accumulator.optimizer_steps)

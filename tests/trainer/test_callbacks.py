@@ -24,6 +24,18 @@ def _trainer(tmp_path, **options):
     return Trainer(**{**defaults, **options})
 
 
+def _view():
+    """A callback view over stand-alone parts (no run): what a CallbackList needs to be built."""
+    from trainwise.callbacks import LatestMetrics, TrainingState
+    from trainwise.checkpoint.resume import LoopCounters
+    from trainwise.run_control import Outcome, RunControl
+
+    model, counters = nn.Linear(8, 2), LoopCounters()
+    return TrainingState(epochs=1, counters=counters, steps=lambda: 0, latest=LatestMetrics(), model=model,
+                         optimizer=torch.optim.SGD(model.parameters(), lr=0.1), run_dir=".",
+                         control=RunControl(counters), outcome=Outcome())
+
+
 class Trace(Callback):
     def __init__(self):
         self.events = []
@@ -156,9 +168,10 @@ def test_an_unused_step_event_costs_nothing_per_step(tmp_path):
         def on_epoch_end(self, state):
             pass
 
-    from trainwise.callbacks import CallbackList, TrainingState
+    from trainwise.callbacks import CallbackList
+    from trainwise.run_control import Outcome
 
-    listed = CallbackList([EpochOnly()], TrainingState(None, 1))
+    listed = CallbackList([EpochOnly()], _view(), outcome=Outcome())
     assert not listed.step_end and listed.handlers["on_step_end"] == []
 
 

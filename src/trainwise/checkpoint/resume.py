@@ -25,7 +25,7 @@ from trainwise.progress import plural
 class LoopCounters:
     """The loop's plain values, saved as a checkpoint's ``loop`` entry and restored in place."""
 
-    epoch: int = 1  # the epoch training is in, or starts next
+    epoch: int = 1  # the epoch training is in (or last was in); in a checkpoint, the one a resume starts in
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # one record per finished epoch
     accuracy: bool | None = None  # whether outputs are class logits: decided by the first batch
     overfitting: dict[str, Any] | None = None  # the overfitting report, once there is one
@@ -35,6 +35,11 @@ class LoopCounters:
 
     def state_dict(self) -> dict[str, Any]:
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+    def next_epoch(self) -> LoopCounters:
+        """These counters as a checkpoint written at an epoch's end records them: in the next epoch, where a
+        resume of it starts (the history and the rest shared, not copied)."""
+        return dataclasses.replace(self, epoch=self.epoch + 1)
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """A checkpoint's ``loop`` entry; one from an older trainwise may lack the newer counters."""
