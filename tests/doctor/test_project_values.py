@@ -523,3 +523,112 @@ for _ in range(10):
     score.sum().backward()
 """
     assert _codes({"planner.py": _PLANNER.format(decorator=""), "guide.py": guidance}, "TW104") == []
+
+
+# A module whose float16 comes from a value: CLIP's loader, a builder ending in .half(), a dtype copied.
+_PROBE_SCRIPT = """
+import clip
+import torch
+from torch import nn
+
+backbone, preprocess = clip.load("ViT-B/16"{device})
+probe = nn.Linear(512, 37, bias=False){cast}
+opt = torch.optim.SGD(probe.parameters(), lr=1e-3)
+for images, labels in loader:
+    with torch.no_grad():
+        feats = backbone.encode_image(images)
+    loss = torch.nn.functional.cross_entropy(probe(feats), labels)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+_FINETUNE = """
+import torch
+from torch import nn
+
+def finetune(encoder, loader, steps):
+    head = nn.Linear(encoder.width, 10).type(encoder.dtype)
+    head.cuda()
+    optim = torch.optim.AdamW(head.parameters(), lr=3e-4)
+    for step, (x, y) in zip(range(steps), loader):
+        logits = head(encoder(x))
+        loss = nn.functional.cross_entropy(logits, y)
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+"""
+
+_RUN_FINETUNE = """
+from clip import clip
+from tuning.head import finetune
+
+def main(loader):
+    model, _ = clip.load("RN50")
+    model.eval()
+    finetune(model, loader, 1000)
+{more}
+"""
+
+_HALF_BUILDER = """
+import torch
+from torch import nn
+
+class Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 1))
+
+    def forward(self, x):
+        return self.mlp(x)
+
+def make_tower(half=True):
+    tower = Tower().cuda()
+    {cast}
+    return tower
+"""
+
+_TRAIN_TOWER = """
+import torch
+from nets.tower import make_tower
+
+net = make_tower()
+optimizer = torch.optim.Adam(net.parameters(), lr=1e-4)
+for x, y in batches:
+    loss = (net(x) - y).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_module_cast_to_the_dtype_of_a_clip_model_or_built_half_by_a_builder_trains_in_float16():
+    assert _codes({"probe.py": _PROBE_SCRIPT.format(device="", cast=".to(backbone.dtype)")}, "TW109") == [
+        ("probe.py", 7)]
+    copied = _PROBE_SCRIPT.format(device=', device="cuda"', cast="\ndtype = backbone.dtype\nprobe.to(dtype=dtype)")
+    assert _codes({"probe.py": copied}, "TW109") == [("probe.py", 9)]
+    project = {"tuning/head.py": _FINETUNE, "run.py": _RUN_FINETUNE.format(more="")}
+    assert _codes(project, "TW109") == [("tuning/head.py", 6)]
+    built = {"nets/tower.py": _HALF_BUILDER.format(cast="tower = tower.half()"), "train.py": _TRAIN_TOWER}
+    assert _codes(built, "TW109") == [("train.py", 5)]
+
+
+def test_a_dtype_not_known_float16_or_a_float16_module_never_trained_or_scaled_stays_silent():
+    on_cpu = _PROBE_SCRIPT.format(device=', device="cpu"', cast=".to(backbone.dtype)")
+    device_unknown = _PROBE_SCRIPT.format(device=", device=args.device", cast=".to(backbone.dtype)")
+    cast_back = _PROBE_SCRIPT.format(device="", cast=".to(backbone.dtype)").replace(
+        'preprocess = clip.load("ViT-B/16")', 'preprocess = clip.load("ViT-B/16")\nbackbone.float()')
+    scaled = _PROBE_SCRIPT.format(device="", cast=".to(backbone.dtype)").replace(
+        "    loss.backward()\n    opt.step()", "    scaler.scale(loss).backward()\n    scaler.step(opt)") + \
+        "scaler = torch.cuda.amp.GradScaler()\n"
+    inference = _PROBE_SCRIPT.format(device="", cast=".to(backbone.dtype)").replace(
+        "    loss.backward()\n", "")
+    for source in (on_cpu, device_unknown, cast_back, scaled, inference):
+        assert _codes({"probe.py": source}, "TW109") == [], source
+    # one caller passes a float32 model: the parameter is not known float16
+    mixed = {"tuning/head.py": _FINETUNE, "run.py": _RUN_FINETUNE.format(
+        more="\ndef baseline(loader, net):\n    finetune(net.float(), loader, 10)\n")}
+    assert _codes(mixed, "TW109") == []
+    for cast in ("tower = tower.float()", "if half:\n        return tower.half()", "tower.train()"):
+        built = {"nets/tower.py": _HALF_BUILDER.format(cast=cast), "train.py": _TRAIN_TOWER}
+        assert _codes(built, "TW109") == [], cast
