@@ -62,7 +62,13 @@ class EvaluationInTrainMode(Rule):
       metric (`acc`, `correct`, `f1`, `.eq(...)`) and is called from a loop that trains (`for epoch ...:
       train(); test()`);
     - a loop that trains (calls `backward()`) and runs such an evaluation, which calls `.eval()`, but never
-      calls `model.train()` again: from the second epoch on, training runs in eval mode.
+      calls `model.train()` again: from the second epoch on, training runs in eval mode;
+    - an evaluation function that puts only parts of the model it runs in eval mode (`model.head.eval()`,
+      then `model(x)`), with no `model.eval()` on that path (none, or only in the other branch of an `if`),
+      when every class the model may be (built where each call of the function gets it, in any file of the
+      run) that has those parts holds dropout or BatchNorm in another part (`nn.Dropout`, a transformer
+      layer, a BatchNorm CNN, a Hugging Face model of a family with dropout by default such as GPT-2 or
+      BERT): that part evaluates in train mode.
 
     The model may be of a class the file cannot name (`getattr(models, opt.arch)()`, `build_model(cfg)`, a
     registry `MODELS[name](...)`): it counts as a module when the file calls it like one (`model(x)`) and

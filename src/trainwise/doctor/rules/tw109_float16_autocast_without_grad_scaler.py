@@ -42,9 +42,13 @@ class Float16AutocastWithoutGradScaler(Rule):
     runs on CUDA wherever a GPU is there), or `device.type` with `device = torch.device(...)` of those.
 
     Finds pure float16 training too: a module cast to float16 (`model.half()`, `model.to(torch.float16)`,
-    `model.to(dtype=torch.half)`, `model.type(torch.cuda.HalfTensor)`, `model = Net().cuda().half()`) or loaded
-    in it (`model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float16)`, `dtype=` too;
-    not in a file that uses `peft`, whose adapters train in float32 over the frozen float16 base) whose
+    `model.to(dtype=torch.half)`, `model.type(torch.cuda.HalfTensor)`, `model = Net().cuda().half()`), cast to
+    the dtype of a float16 value (`head = nn.Linear(...).to(clip_model.dtype)` with `clip_model` from OpenAI
+    CLIP's `clip.load(name)`, float16 on CUDA, in the function or passed in by every caller), built by a
+    function of the run whose every `return` gives a float16 module (`model = make_tower()`, which ends in
+    `.half()`), or loaded in float16 (`model = AutoModelForCausalLM.from_pretrained(name,
+    torch_dtype=torch.float16)`, `dtype=` too; not in a file that uses `peft`, whose adapters train in float32
+    over the frozen float16 base) whose
     parameters an optimizer of the same function or script was built over, when that optimizer steps after
     the cast, next to a `backward()`: in the same place, or in a function (of the file or another file of
     the run) that is handed the optimizer (`train(loader, model, optimizer)` once per epoch).
