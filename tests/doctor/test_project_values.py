@@ -623,7 +623,8 @@ def test_a_dtype_not_known_float16_or_a_float16_module_never_trained_or_scaled_s
         "scaler = torch.cuda.amp.GradScaler()\n"
     inference = _PROBE_SCRIPT.format(device="", cast=".to(backbone.dtype)").replace(
         "    loss.backward()\n", "")
-    for source in (on_cpu, device_unknown, cast_back, scaled, inference):
+    in_a_lambda = "import torch\ncast = lambda m, d: m.to(d) if d else m.half()\n"
+    for source in (on_cpu, device_unknown, cast_back, scaled, inference, in_a_lambda):
         assert _codes({"probe.py": source}, "TW109") == [], source
     # one caller passes a float32 model: the parameter is not known float16
     mixed = {"tuning/head.py": _FINETUNE, "run.py": _RUN_FINETUNE.format(

@@ -38,6 +38,7 @@ class Dtypes:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self._params: dict[tuple[int, str], bool] = {}
+        self._methods: dict[int, dict[str, list[ast.Call]]] = {}  # scope -> name -> its method calls
 
     def float16(self, expr: ast.AST, at: ast.AST, depth: int = 0) -> bool:
         """Whether ``expr`` (a module, a tensor, or a dtype) holds float16 at ``at``."""
@@ -101,10 +102,17 @@ class Dtypes:
         return True
 
     def _scope_calls(self, name: str, at: ast.AST) -> list[ast.Call]:
+        """The method calls on ``name`` (``name.half()``, ``name.float()``) in the scope of ``at``: indexed once
+        per scope."""
         scope = self.ctx.scope(at)
-        body = getattr(scope, "body", [])
-        return [n for n in walk_own(body) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                and isinstance(n.func.value, ast.Name) and n.func.value.id == name]
+        table = self._methods.get(id(scope))
+        if table is None:
+            body = getattr(scope, "body", [])
+            table = self._methods[id(scope)] = {}
+            for n in walk_own(body if isinstance(body, list) else [body]):  # a lambda's body is an expression
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name):
+                    table.setdefault(n.func.value.id, []).append(n)
+        return table.get(name, [])
 
     def _cast_back(self, name: str, at: ast.AST) -> bool:
         """``name.float()`` or ``name.to(torch.float32)`` anywhere in the scope of ``at`` (before or after:
