@@ -39,25 +39,28 @@ class Dtypes:
         self.ctx = ctx
         self._params: dict[tuple[int, str], bool] = {}
         self._methods: dict[int, dict[str, list[ast.Call]]] = {}  # scope -> name -> its method calls
+        # a file that never names float16 (half, clip) returns none: its builders are not walked
+        self.names_float16 = any(word in ctx.source for word in ("half", "float16", "clip"))
 
-    def float16(self, expr: ast.AST, at: ast.AST, depth: int = 0) -> bool:
-        """Whether ``expr`` (a module, a tensor, or a dtype) holds float16 at ``at``."""
+    def float16(self, expr: ast.AST, at: ast.AST, depth: int = 0, callers: bool = True) -> bool:
+        """Whether ``expr`` (a module, a tensor, or a dtype) holds float16 at ``at``; ``callers``: a parameter
+        is followed to the calls of its function (not inside a builder's ``return``: a builder builds)."""
         if depth > _DEPTH:
             return False
         ctx = self.ctx
         if ctx.qualname(expr) in FP16 or is_const(expr, "float16") or is_const(expr, "half"):
             return True
         if isinstance(expr, ast.Attribute) and expr.attr == "dtype":
-            return self.float16(expr.value, at, depth + 1)
+            return self.float16(expr.value, at, depth + 1, callers)
         if isinstance(expr, ast.Name):
-            return self._name(expr, at, depth)
+            return self._name(expr, at, depth, callers)
         if isinstance(expr, ast.Subscript) and is_const(expr.slice, 0) and isinstance(expr.value, ast.Call):
             return self._element(expr.value, 0, depth)  # clip.load(name)[0]
         if isinstance(expr, ast.Call):
-            return self._call(expr, at, depth)
+            return self._call(expr, at, depth, callers)
         return False
 
-    def _call(self, call: ast.Call, at: ast.AST, depth: int) -> bool:
+    def _call(self, call: ast.Call, at: ast.AST, depth: int, callers: bool) -> bool:
         func = call.func
         if isinstance(func, ast.Attribute):
             if func.attr == "half":
@@ -68,15 +71,16 @@ class Dtypes:
                 given = [*call.args, *(k.value for k in call.keywords if k.arg in ("dtype", "other", None))]
                 if any(self.ctx.qualname(a) in OUT_OF_FP16 for a in given):
                     return False
-                return any(self.float16(a, at, depth + 1) for a in given) or self.float16(func.value, at, depth + 1)
+                return any(self.float16(a, at, depth + 1, callers) for a in given) or self.float16(func.value, at,
+                                                                                           depth + 1, callers)
             if func.attr in _KEEPS_DTYPE:
-                return self.float16(func.value, at, depth + 1)
+                return self.float16(func.value, at, depth + 1, callers)
             if func.attr == "from_pretrained":
                 dtype = keyword(call, "torch_dtype") or keyword(call, "dtype")
                 return dtype is not None and self.float16(dtype.value, call, depth + 1)
         return self._returned(call, None, depth)
 
-    def _name(self, name: ast.Name, at: ast.AST, depth: int) -> bool:
+    def _name(self, name: ast.Name, at: ast.AST, depth: int, callers: bool) -> bool:
         """Every binding that reaches ``at`` gives float16 (or a ``name.half()`` statement comes between), and
         nothing in the scope casts the name to another dtype."""
         ctx = self.ctx
@@ -87,7 +91,7 @@ class Dtypes:
             return True
         for b in bindings:
             if b.kind == "param" and isinstance(b.stmt, _FUNCS):
-                if not self.parameter(b.stmt, name.id, depth + 1):
+                if not callers or not self.parameter(b.stmt, name.id, depth + 1):
                     return False
             elif b.kind == "assign" and b.value is not None:
                 if b.unpacked:
@@ -95,7 +99,7 @@ class Dtypes:
                                                                                                    depth + 1):
                         return False
                 elif not (isinstance(b.value, ast.Name) and b.value.id == name.id) and not self.float16(
-                        b.value, b.stmt, depth + 1):
+                        b.value, b.stmt, depth + 1, callers):
                     return False
             else:
                 return False
@@ -175,6 +179,8 @@ class Dtypes:
         if len(targets) != 1:
             return False
         other, fn = targets[0]
+        if not other.analysis(Dtypes).names_float16:
+            return False
         returns = [n for n in walk_own(fn.body) if isinstance(n, ast.Return)]
         if not returns:
             return False
@@ -184,7 +190,7 @@ class Dtypes:
                 if not isinstance(value, ast.Tuple) or index >= len(value.elts):
                     return False
                 value = value.elts[index]
-            if value is None or not other.analysis(Dtypes).float16(value, ret, depth + 1):
+            if value is None or not other.analysis(Dtypes).float16(value, ret, depth + 1, callers=False):
                 return False
         return True
 
@@ -197,6 +203,11 @@ def _clip_on_cuda(call: ast.Call) -> bool:
     if value is None:
         return True
     return isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value.startswith("cuda")
+
+
+def built_float16(ctx: Context, call: ast.Call) -> bool:
+    """Whether ``call`` calls a function of the run whose every ``return`` gives float16 (a builder)."""
+    return ctx.analysis(Dtypes)._returned(call, None, 0)
 
 
 def is_float16(ctx: Context, expr: ast.AST, at: ast.AST) -> bool:

@@ -16,7 +16,7 @@ from trainwise.doctor.context import (
     position,
     walk_own,
 )
-from trainwise.doctor.context.dtypes import FP16, OUT_OF_FP16, is_float16
+from trainwise.doctor.context.dtypes import FP16, OUT_OF_FP16, built_float16, is_float16
 from trainwise.doctor.context.freezes import under
 from trainwise.doctor.context.functions import callees, functions
 from trainwise.doctor.rule import Rule
@@ -113,6 +113,7 @@ class Float16AutocastWithoutGradScaler(Rule):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._scaled: bool | None = None
         self._via: str | None = None  # the device variable that makes the autocast CUDA's float16 default
+        self._by_scope: dict[int, list[ast.Assign]] | None = None  # scope -> the optimizers it builds
 
     def visit_withitem(self, node: ast.withitem) -> None:
         """``with autocast(...)``."""
@@ -205,12 +206,14 @@ class Float16AutocastWithoutGradScaler(Rule):
         parent = self.ctx.parent(top)
         if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1 and parent.value is top):
             return None
+        if not self._optimizers(self.ctx.scope(call)):
+            return None  # nothing here trains what the builder returns
         if isinstance(call.func, ast.Attribute) and call.func.attr in ("to", "cuda", "cpu", "train", "eval"):
             return None  # the chain's inner call answers
         target = parent.targets[0]
-        if not isinstance(target, (ast.Name, ast.Attribute)) or not self.ctx.is_module(target):
+        if not isinstance(target, (ast.Name, ast.Attribute)) or not built_float16(self.ctx, call):
             return None
-        return dotted(target) if is_float16(self.ctx, call, call) else None
+        return dotted(target) if self.ctx.is_module(target) else None
 
     def _cast_to_fp16(self, call: ast.Call) -> str | None:
         """The module ``call`` puts in float16 (``m.half()``, ``m.to(torch.float16)``, ``m.to(dtype=...)``,
@@ -221,12 +224,14 @@ class Float16AutocastWithoutGradScaler(Rule):
             return None
         if func.attr == "from_pretrained":
             return self._loaded_in_fp16(call)
-        if func.attr == "half":
-            if call.args or call.keywords:
-                return None
-        elif func.attr not in ("to", "type") or not any(
-                is_float16(self.ctx, a, call)
-                for a in (*call.args, *(k.value for k in call.keywords if k.arg in ("dtype", None)))):
+        copied = False  # the dtype of another value: asked of the value model last, once the rest holds
+        if func.attr in ("to", "type"):
+            given = [*call.args, *(k.value for k in call.keywords if k.arg in ("dtype", None))]
+            if not any(self._is_fp16(a) or self.ctx.qualname(a) in FP16 for a in given):
+                if not any(_names_a_dtype(self.ctx, a, call) for a in given):
+                    return None
+                copied = True
+        elif func.attr != "half" or call.args or call.keywords:
             return None
         receiver: ast.AST = func.value
         top = _chain_top(self.ctx, call)
@@ -235,7 +240,11 @@ class Float16AutocastWithoutGradScaler(Rule):
             receiver = parent.targets[0]  # model = Net().half().cuda(): the chain's result is the module
         if not isinstance(receiver, (ast.Name, ast.Attribute)) or not self.ctx.is_module(receiver):
             return None
-        return dotted(receiver)
+        module = dotted(receiver)
+        if copied and (module is None or self._trained_by(module, call) is None or not any(
+                is_float16(self.ctx, a, call) for a in given if _names_a_dtype(self.ctx, a, call))):
+            return None
+        return module
 
     def _loaded_in_fp16(self, call: ast.Call) -> str | None:
         """``model = X.from_pretrained(..., torch_dtype=torch.float16)`` (or ``dtype=``, or ``"float16"``), also
@@ -275,18 +284,24 @@ class Float16AutocastWithoutGradScaler(Rule):
         """The optimizer, built in the scope of ``cast`` over the parameters of ``module`` (a part or a holder
         of it), that steps after a backward there or in a function the scope calls after the cast."""
         scope = self.ctx.scope(cast)
-        for node in self.ctx.nodes(ast.Assign):
-            value = node.value  # type: ignore[attr-defined]
-            q = self.ctx.qualname(value.func) or "" if isinstance(value, ast.Call) else ""
-            if (self.ctx.scope(node) is not scope or not q.startswith("torch.optim.") or "lr_scheduler" in q
-                    or len(node.targets) != 1):  # type: ignore[attr-defined]
-                continue
-            name = dotted(node.targets[0])  # type: ignore[attr-defined]
-            modules = functions(self.ctx).optimizer_modules(node.targets[0]) or set()  # type: ignore[attr-defined]
+        for node in self._optimizers(scope):
+            name = dotted(node.targets[0])
+            modules = functions(self.ctx).optimizer_modules(node.targets[0]) or set()
             if name is not None and any(under(m, module) or under(module, m) for m in modules) and \
                     self._steps_after(name, scope, cast):
                 return name
         return None
+
+    def _optimizers(self, scope: ast.AST) -> list[ast.Assign]:
+        """``opt = torch.optim.X(...)`` statements of a scope (schedulers left out), indexed once per file."""
+        if self._by_scope is None:
+            self._by_scope = {}
+            for node in self.ctx.nodes(ast.Assign):
+                value = node.value  # type: ignore[attr-defined]
+                q = self.ctx.qualname(value.func) or "" if isinstance(value, ast.Call) else ""
+                if q.startswith("torch.optim.") and "lr_scheduler" not in q and len(node.targets) == 1:  # type: ignore[attr-defined]
+                    self._by_scope.setdefault(id(self.ctx.scope(node)), []).append(node)  # type: ignore[arg-type]
+        return self._by_scope.get(id(scope), [])
 
     def _steps_after(self, optimizer: str, scope: ast.AST, cast: ast.Call) -> bool:
         """Whether ``optimizer.step()`` runs after ``cast`` with a backward pass: in the scope itself, or in a
@@ -415,6 +430,16 @@ class Float16AutocastWithoutGradScaler(Rule):
                 self._scaled = any(q.split(".", 1)[0] in ("accelerate", "lightning", "pytorch_lightning", "deepspeed")
                                    or "GradScaler" in q for q in self.ctx.aliases.values())
         return self._scaled
+
+
+def _names_a_dtype(ctx: Context, expr: ast.AST, at: ast.AST) -> bool:
+    """``x.dtype``, or a name last assigned one (``dtype = backbone.dtype``): worth asking the value model
+    about (a device or a plain tensor is not)."""
+    if isinstance(expr, ast.Name):
+        found = ctx.reaching(expr, at)
+        return bool(found) and all(b.kind == "assign" and b.value is not None and not b.unpacked
+                                   and _names_a_dtype(ctx, b.value, b.stmt) for b in found)
+    return isinstance(expr, ast.Attribute) and expr.attr == "dtype"
 
 
 def _chain_top(ctx: Context, call: ast.Call) -> ast.AST:
