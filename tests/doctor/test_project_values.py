@@ -523,3 +523,224 @@ for _ in range(10):
     score.sum().backward()
 """
     assert _codes({"planner.py": _PLANNER.format(decorator=""), "guide.py": guidance}, "TW104") == []
+
+
+# A module whose float16 comes from a value: CLIP's loader, a builder ending in .half(), a dtype copied.
+_PROBE_SCRIPT = """
+import clip
+import torch
+from torch import nn
+
+backbone, preprocess = clip.load("ViT-B/16"{device})
+probe = nn.Linear(512, 37, bias=False){cast}
+opt = torch.optim.SGD(probe.parameters(), lr=1e-3)
+for images, labels in loader:
+    with torch.no_grad():
+        feats = backbone.encode_image(images)
+    loss = torch.nn.functional.cross_entropy(probe(feats), labels)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+_FINETUNE = """
+import torch
+from torch import nn
+
+def finetune(encoder, loader, steps):
+    head = nn.Linear(encoder.width, 10).type(encoder.dtype)
+    head.cuda()
+    optim = torch.optim.AdamW(head.parameters(), lr=3e-4)
+    for step, (x, y) in zip(range(steps), loader):
+        logits = head(encoder(x))
+        loss = nn.functional.cross_entropy(logits, y)
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+"""
+
+_RUN_FINETUNE = """
+from clip import clip
+from tuning.head import finetune
+
+def main(loader):
+    model, _ = clip.load("RN50")
+    model.eval()
+    finetune(model, loader, 1000)
+{more}
+"""
+
+_HALF_BUILDER = """
+import torch
+from torch import nn
+
+class Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 1))
+
+    def forward(self, x):
+        return self.mlp(x)
+
+def make_tower(half=True):
+    tower = Tower().cuda()
+    {cast}
+    return tower
+"""
+
+_TRAIN_TOWER = """
+import torch
+from nets.tower import make_tower
+
+net = make_tower()
+optimizer = torch.optim.Adam(net.parameters(), lr=1e-4)
+for x, y in batches:
+    loss = (net(x) - y).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_module_cast_to_the_dtype_of_a_clip_model_or_built_half_by_a_builder_trains_in_float16():
+    assert _codes({"probe.py": _PROBE_SCRIPT.format(device="", cast=".to(backbone.dtype)")}, "TW109") == [
+        ("probe.py", 7)]
+    copied = _PROBE_SCRIPT.format(device=', device="cuda"', cast="\ndtype = backbone.dtype\nprobe.to(dtype=dtype)")
+    assert _codes({"probe.py": copied}, "TW109") == [("probe.py", 9)]
+    project = {"tuning/head.py": _FINETUNE, "run.py": _RUN_FINETUNE.format(more="")}
+    assert _codes(project, "TW109") == [("tuning/head.py", 6)]
+    built = {"nets/tower.py": _HALF_BUILDER.format(cast="tower = tower.half()"), "train.py": _TRAIN_TOWER}
+    assert _codes(built, "TW109") == [("train.py", 5)]
+
+
+def test_a_dtype_not_known_float16_or_a_float16_module_never_trained_or_scaled_stays_silent():
+    on_cpu = _PROBE_SCRIPT.format(device=', device="cpu"', cast=".to(backbone.dtype)")
+    device_unknown = _PROBE_SCRIPT.format(device=", device=args.device", cast=".to(backbone.dtype)")
+    cast_back = _PROBE_SCRIPT.format(device="", cast=".to(backbone.dtype)").replace(
+        'preprocess = clip.load("ViT-B/16")', 'preprocess = clip.load("ViT-B/16")\nbackbone.float()')
+    scaled = _PROBE_SCRIPT.format(device="", cast=".to(backbone.dtype)").replace(
+        "    loss.backward()\n    opt.step()", "    scaler.scale(loss).backward()\n    scaler.step(opt)") + \
+        "scaler = torch.cuda.amp.GradScaler()\n"
+    inference = _PROBE_SCRIPT.format(device="", cast=".to(backbone.dtype)").replace(
+        "    loss.backward()\n", "")
+    in_a_lambda = "import torch\ncast = lambda m, d: m.to(d) if d else m.half()\n"
+    for source in (on_cpu, device_unknown, cast_back, scaled, inference, in_a_lambda):
+        assert _codes({"probe.py": source}, "TW109") == [], source
+    # one caller passes a float32 model: the parameter is not known float16
+    mixed = {"tuning/head.py": _FINETUNE, "run.py": _RUN_FINETUNE.format(
+        more="\ndef baseline(loader, net):\n    finetune(net.float(), loader, 10)\n")}
+    assert _codes(mixed, "TW109") == []
+    for cast in ("tower = tower.float()", "if half:\n        return tower.half()", "tower.train()"):
+        built = {"nets/tower.py": _HALF_BUILDER.format(cast=cast), "train.py": _TRAIN_TOWER}
+        assert _codes(built, "TW109") == [], cast
+
+
+# An evaluation that puts only parts of the model it runs in eval mode: the rest keeps its dropout on.
+_TAGGER = """
+import torch
+from torch import nn
+
+class Tagger(nn.Module):
+    def __init__(self, vocab, dim, tags):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.encoder = {encoder}
+        self.classifier = nn.Linear(dim, tags)
+
+    def forward(self, tokens):
+        return self.classifier(self.encoder(self.embed(tokens)))
+"""
+
+_ENGINE = """
+import torch
+
+def evaluate(net, loader):
+    net.embed.eval()
+    net.classifier.eval()
+    hits = total = 0
+    with torch.no_grad():
+        for tokens, tags in loader:
+            hits += (net(tokens).argmax(-1) == tags).sum().item()
+            total += tags.numel()
+    net.train()
+    return hits / total
+"""
+
+_FIT_TAGGER = """
+import torch
+from nets.tagger import Tagger
+from engine import evaluate
+
+model = Tagger(30000, 256, 17)
+opt = torch.optim.Adam(model.parameters())
+for epoch in range(10):
+    for tokens, tags in train_loader:
+        loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tags.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+{before}    print(evaluate(model, val_loader))
+"""
+
+_LAYERS = "nn.TransformerEncoder(nn.TransformerEncoderLayer(dim, 8, batch_first=True), 4)"
+
+_READER = """
+import torch
+from torch import nn
+from transformers import BertModel
+
+class Reader(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bert = BertModel.from_pretrained("bert-base-uncased")
+        self.span = nn.Linear(768, 2)
+
+    def forward(self, ids, mask):
+        return self.span(self.bert(ids, attention_mask=mask).last_hidden_state)
+
+@torch.no_grad()
+def validate(model, loader, full_finetune):
+    if full_finetune:
+        model.eval()
+    else:
+        model.span.eval()
+    losses = [model(ids, mask).logsumexp(-1).mean().item() for ids, mask in loader]
+    return sum(losses) / len(losses)
+
+reader = Reader()
+optimizer = torch.optim.AdamW(reader.span.parameters(), lr=1e-4)
+for ids, mask in train_loader:
+    optimizer.zero_grad()
+    reader(ids, mask).mean().backward()
+    optimizer.step()
+score = validate(reader, dev_loader, args.full)
+"""
+
+
+def test_an_evaluation_that_puts_only_parts_of_the_model_in_eval_mode_leaves_its_dropout_on():
+    project = {"nets/tagger.py": _TAGGER.format(encoder=_LAYERS), "engine.py": _ENGINE,
+               "fit.py": _FIT_TAGGER.format(before="")}
+    assert _codes(project, "TW103") == [("engine.py", 5)]
+    assert _codes({"reader.py": _READER}, "TW103") == [("reader.py", 20)]
+    dropout = "nn.Sequential(nn.Linear(dim, dim), nn.Dropout(0.3), nn.GELU())"
+    project["nets/tagger.py"] = _TAGGER.format(encoder=dropout)
+    assert _codes(project, "TW103") == [("engine.py", 5)]
+
+
+def test_parts_in_eval_mode_with_nothing_else_mode_dependent_or_the_whole_model_in_eval_stays_silent():
+    mode_free = {"nets/tagger.py": _TAGGER.format(encoder="nn.Sequential(nn.Linear(dim, dim), nn.LayerNorm(dim))"),
+                 "engine.py": _ENGINE, "fit.py": _FIT_TAGGER.format(before="")}
+    no_rate = dict(mode_free, **{"nets/tagger.py": _TAGGER.format(encoder="nn.Dropout(p=0.0)")})
+    caller_evals = {"nets/tagger.py": _TAGGER.format(encoder=_LAYERS), "engine.py": _ENGINE,
+                    "fit.py": _FIT_TAGGER.format(before="    model.eval()\n")}
+    same_path = {"nets/tagger.py": _TAGGER.format(encoder=_LAYERS), "fit.py": _FIT_TAGGER.format(before=""),
+                 "engine.py": _ENGINE.replace("    net.embed.eval()\n", "    net.eval()\n    net.embed.eval()\n")}
+    unknown = {"nets/tagger.py": _TAGGER.format(encoder=_LAYERS), "engine.py": _ENGINE,
+               "fit.py": _FIT_TAGGER.format(before="") + "\ndef check(other):\n    evaluate(other, val_loader)\n"}
+    for project in (mode_free, no_rate, caller_evals, same_path, unknown):
+        assert _codes(project, "TW103") == [], project
+    branches = "    if full_finetune:\n        model.eval()\n    else:\n        model.span.eval()\n"
+    for source in (_READER.replace('BertModel.from_pretrained("bert-base-uncased")', "nn.Linear(768, 768)"),
+                   _READER.replace("        model.span.eval()", "        model.bert.eval()\n        model.span.eval()"),
+                   _READER.replace(branches, "    model.span.eval()\n    model.eval()\n")):
+        assert _codes({"reader.py": source}, "TW103") == [], source

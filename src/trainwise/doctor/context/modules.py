@@ -285,3 +285,68 @@ def mode_free_class(ctx: Context, cls: ast.ClassDef, depth: int = 0) -> bool:
         if other is None or other[1] is cls or not mode_free_class(other[0], other[1], depth + 1):
             return False
     return True
+
+
+# Layers whose forward changes with the mode by default: dropout, and torch's transformer layers (dropout 0.1).
+_MODE_LAYERS = re.compile(r"(?:Alpha|FeatureAlpha)?Dropout[123]?d?|Transformer(?:Encoder|Decoder)?(?:Layer)?")
+# Hugging Face families whose configurations default to dropout > 0 (not Llama, ViT, ...: 0.0 there).
+_HF_DROPOUT = re.compile(r"(?:GPT2|OpenAIGPT|Bert|Roberta|XLMRoberta|DistilBert|Electra|XLNet|Bart|MBart|T5|MT5|"
+                         r"Marian|Pegasus|Camembert|Deberta(?:V2)?)(?:Model|LMHeadModel|For\w+)")
+
+
+def mode_dependent_parts(ctx: Context, cls: ast.ClassDef, excluded: set[str] | frozenset[str] = frozenset(),
+                         depth: int = 0) -> list[str]:
+    """The attributes that a module class of the run assigns in its ``__init__`` (``excluded`` left out) to a
+    layer whose forward depends on the mode, as far as the code shows: dropout, BatchNorm, torch's transformer
+    layers, a Hugging Face model of a family with dropout by default (``GPT2Model.from_pretrained``,
+    ``BertModel(config)``), a BatchNorm CNN, or a class of the run that holds one. The positive twin of
+    ``mode_free_class``; leans towards "none"."""
+    init = init_of(cls)
+    if init is None or depth > 3:
+        return []
+    found = []
+    for key, bindings in ctx.attr_bindings.items():
+        if not key.startswith("self.") or key.count(".") != 1 or key[5:] in excluded:
+            continue
+        if any(ctx.scope(b.stmt) is init and b.kind == "assign" and b.value is not None and not b.unpacked
+               and _mode_dependent_value(ctx, b.value, b.stmt, depth) for b in bindings):
+            found.append(key[5:])
+    return sorted(found)
+
+
+def assigns_in_init(ctx: Context, cls: ast.ClassDef, attr: str) -> bool:
+    """Whether the ``__init__`` of ``cls`` assigns ``self.<attr>``."""
+    init = init_of(cls)
+    return init is not None and any(ctx.scope(b.stmt) is init for b in ctx.attr_bindings.get(f"self.{attr}", []))
+
+
+def _mode_dependent_value(ctx: Context, value: ast.AST, at: ast.AST, depth: int) -> bool:
+    if not isinstance(value, ast.Call):
+        return False
+    func = value.func
+    if isinstance(func, ast.Attribute) and func.attr in ("to", "cuda", "cpu", "train", "eval", "float", "half"):
+        return _mode_dependent_value(ctx, func.value, at, depth)
+    q = ctx.qualname(func) or ""
+    if q.startswith("transformers."):
+        parts = q.split(".")
+        name = parts[-2] if parts[-1] == "from_pretrained" and len(parts) > 2 else parts[-1]
+        return bool(_HF_DROPOUT.fullmatch(name))
+    if q.startswith("torch.nn."):
+        last = q.rsplit(".", 1)[1]
+        if _MODE_LAYERS.fullmatch(last):  # nn.Dropout(0.0), dropout=0: the same in both modes
+            rate = keyword(value, "p") or keyword(value, "dropout")
+            given = rate.value if rate is not None else (value.args[0] if "Dropout" in last and value.args else None)
+            return not (is_const(given, 0) or is_const(given, 0.0))
+        if _BN.fullmatch(last):
+            return True
+        if last in ("Sequential", "ModuleList"):
+            items = [a.value if isinstance(a, ast.Starred) else a for a in value.args]
+            items = [e for a in items for e in (a.elts if isinstance(a, (ast.List, ast.Tuple)) else [a])]
+            return any(_mode_dependent_value(ctx, a, at, depth) for a in items)
+        return False
+    if ctx.analysis(Norms).value_has_bn(value, [], at, depth + 1):
+        return True
+    found = ctx.class_named(func.id, at) if isinstance(func, ast.Name) else None
+    program = ctx.program
+    other = (ctx, found) if found is not None else (program.class_of(ctx, func) if program is not None else None)
+    return other is not None and bool(mode_dependent_parts(other[0], other[1], frozenset(), depth + 1))

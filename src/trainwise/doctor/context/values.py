@@ -50,6 +50,25 @@ def built_by(ctx: Context, expr: ast.AST, at: ast.AST, depth: int = 0) -> Built 
     return None
 
 
+def classes_built(ctx: Context, name: ast.Name, at: ast.AST) -> list[Built] | None:
+    """The classes of the run a name may hold at ``at``: one per assignment of it in its scope (``if cfg.a:
+    model = A(...) else: model = B(...)`` gives both); None when any assignment builds something else or is
+    not a plain assignment (a parameter, an unpacking), or when there is none."""
+    found: dict[int, Built] = {}
+    bindings = ctx.lookup(name.id, at)
+    for binding in bindings:
+        if binding.kind != "assign" or binding.unpacked or binding.value is None:
+            return None
+        value = ctx.strip_moves(binding.value)
+        if isinstance(value, ast.Name) and value.id == name.id:
+            continue
+        built = built_by(ctx, value, binding.stmt, 1)
+        if built is None or built.cls is None:
+            return None
+        found.setdefault(id(built.node), built)
+    return list(found.values()) or None
+
+
 def _from_bindings(ctx: Context, name: ast.Name, at: ast.AST, depth: int) -> Built | None:
     """Every assignment of the name must build the same thing (``if vit: model = R[k](a) else: model = R[k](b)``
     both give the registry's class); a parameter, a loop variable or an unpacking is unknown."""

@@ -6,9 +6,20 @@ import ast
 from collections.abc import Callable
 from typing import Any
 
-from trainwise.doctor.context import Context, is_const, keyword, last_name, method_call, position
+from trainwise.doctor.context import (
+    Context,
+    argument,
+    dotted,
+    is_const,
+    keyword,
+    last_name,
+    method_call,
+    position,
+    walk_own,
+)
 from trainwise.doctor.context.functions import functions, reaches_call
-from trainwise.doctor.context.modules import mode_free_class
+from trainwise.doctor.context.modules import assigns_in_init, mode_dependent_parts, mode_free_class
+from trainwise.doctor.context.values import Built, classes_built
 from trainwise.doctor.rule import Rule
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -51,7 +62,13 @@ class EvaluationInTrainMode(Rule):
       metric (`acc`, `correct`, `f1`, `.eq(...)`) and is called from a loop that trains (`for epoch ...:
       train(); test()`);
     - a loop that trains (calls `backward()`) and runs such an evaluation, which calls `.eval()`, but never
-      calls `model.train()` again: from the second epoch on, training runs in eval mode.
+      calls `model.train()` again: from the second epoch on, training runs in eval mode;
+    - an evaluation function that puts only parts of the model it runs in eval mode (`model.head.eval()`,
+      then `model(x)`), with no `model.eval()` on that path (none, or only in the other branch of an `if`),
+      when every class the model may be (built where each call of the function gets it, in any file of the
+      run) that has those parts holds dropout or BatchNorm in another part (`nn.Dropout`, a transformer
+      layer, a BatchNorm CNN, a Hugging Face model of a family with dropout by default such as GPT-2 or
+      BERT): that part evaluates in train mode.
 
     The model may be of a class the file cannot name (`getattr(models, opt.arch)()`, `build_model(cfg)`, a
     registry `MODELS[name](...)`): it counts as a module when the file calls it like one (`model(x)`) and
@@ -131,6 +148,7 @@ class EvaluationInTrainMode(Rule):
             return
         for region, calls in regions:
             if _mode_set_around(self.ctx, region, _sets_eval):
+                self._partial_eval(region, calls)
                 continue
             if self._mode_left_to_callers(region, calls):
                 continue
@@ -158,6 +176,77 @@ class EvaluationInTrainMode(Rule):
                 )
                 break
         self._training_after_evaluation(regions)
+
+    # --------------------------------------------------------------------------------- eval() of parts
+    def _partial_eval(self, region: ast.AST, calls: list[ast.Call]) -> None:
+        """An evaluation function that, on some path, puts only parts of the model it runs in eval mode
+        (``model.encoder.eval(); model.head.eval()``, then ``model(x)``), when every class the model may be
+        (from every call of the function, or its own assignments) that has those parts holds dropout or
+        BatchNorm in another part: that part evaluates in train mode."""
+        fn = region if isinstance(region, _FUNCTIONS) else self.ctx.scope(region)
+        if not isinstance(fn, _FUNCTIONS):
+            return
+        own = [c for c in walk_own(fn.body) if isinstance(c, ast.Call) and _sets_eval(c)]
+        for call in calls:
+            model = self.ctx.called_module(call)
+            if not isinstance(model, ast.Name):
+                continue
+            parts = [c for c in own if (dotted(c.func.value) or "").startswith(model.id + ".")]  # type: ignore[attr-defined]
+            whole = [c for c in own if dotted(c.func.value) == model.id]  # type: ignore[attr-defined]
+            if not parts or len(parts) + len(whole) != len(own) or not self._exclusive(parts, whole, call):
+                continue
+            if any(reaches_call(self.ctx, h, _sets_eval) for h in self.ctx.helpers_called(fn)):
+                continue
+            names = {dotted(c.func.value)[len(model.id) + 1:].split(".")[0] for c in parts}  # type: ignore[attr-defined, index]
+            built = self._model_classes(fn, model, call)
+            holding = [b for b in built or [] if all(assigns_in_init(b.ctx, b.cls, n) for n in names)]  # type: ignore[arg-type]
+            left = [(b, mode_dependent_parts(b.ctx, b.cls, names)) for b in holding]  # type: ignore[arg-type]
+            if not left or not all(found for _, found in left):
+                continue
+            cls, found = left[0][0].cls, left[0][1]
+            self.report(
+                min(parts, key=position),
+                f"only {', '.join(f'`{model.id}.{n}`' for n in sorted(names))} of `{model.id}` go to eval mode "
+                f"before `{self.ctx.segment(call.func)}` runs in this evaluation: "
+                f"{', '.join(f'`{n}`' for n in found)} of `{cls.name}` (dropout or BatchNorm) stays in train "  # type: ignore[union-attr]
+                f"mode; call `{model.id}.eval()`",
+            )
+            return
+
+    def _exclusive(self, parts: list[ast.Call], whole: list[ast.Call], call: ast.Call) -> bool:
+        """The parts are put in eval mode before ``call`` on a path that never puts the whole model in eval
+        mode: no ``model.eval()`` at all, or only in the other branch of an ``if`` holding every part."""
+        if any(position(p) > position(call) for p in parts):
+            return False
+        if not whole:
+            return True
+        for node in self.ctx.ancestors(parts[0]):
+            if not isinstance(node, ast.If) or self.ctx.is_inside(call, node):
+                continue
+            for mine, other in ((node.body, node.orelse), (node.orelse, node.body)):
+                if all(any(p is s or self.ctx.is_inside(p, s) for s in mine) for p in parts) and \
+                        all(any(w is s or self.ctx.is_inside(w, s) for s in other) for w in whole):
+                    return True
+        return False
+
+    def _model_classes(self, fn: ast.AST, model: ast.Name, call: ast.Call) -> list[Built] | None:
+        """The classes of the run the model called may be: for a parameter, those every call of the function
+        passes (in this file or another of the run); else those its own assignments build."""
+        if not any(b.kind == "param" and b.stmt is fn for b in self.ctx.bindings_of(model)):
+            return classes_built(self.ctx, model, call)
+        sites = [(self.ctx, s) for s in self.ctx.call_sites(fn) if isinstance(s.func, ast.Name)]  # type: ignore[arg-type]
+        if self.ctx.program is not None:
+            sites += self.ctx.program.callers(self.ctx, fn)
+        found: list[Built] = []
+        for ctx, site in sites:
+            passed = argument(fn, model.id, site)  # type: ignore[arg-type]
+            if not isinstance(passed, ast.Name) or functions(ctx).in_eval_mode(site, passed.id):
+                return None
+            more = classes_built(ctx, passed, site)
+            if more is None:
+                return None
+            found += [b for b in more if all(b.node is not f.node for f in found)]
+        return found or None
 
     # --------------------------------------------------------------------------------- eval() missing
     def _mode_left_to_callers(self, region: ast.AST, calls: list[ast.Call]) -> bool:

@@ -16,6 +16,7 @@ from trainwise.doctor.context import (
     position,
     walk_own,
 )
+from trainwise.doctor.context.dtypes import FP16, OUT_OF_FP16, built_float16, is_float16
 from trainwise.doctor.context.freezes import under
 from trainwise.doctor.context.functions import callees, functions
 from trainwise.doctor.rule import Rule
@@ -24,10 +25,6 @@ _AUTOCAST = frozenset(
     {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.amp.autocast_mode.autocast"}
 )
 _CUDA_DEFAULT_FP16 = frozenset({"torch.cuda.amp.autocast"})
-_FP16 = frozenset({"torch.float16", "torch.half"})
-_FP16_TENSOR_TYPES = frozenset({"torch.HalfTensor", "torch.cuda.HalfTensor"})
-_OUT_OF_FP16 = frozenset({"torch.float32", "torch.float", "torch.float64", "torch.double", "torch.bfloat16",
-                          "torch.FloatTensor", "torch.cuda.FloatTensor"})
 # Frameworks that scale the loss themselves when they run the backward pass; fp32 master weights, loss scales.
 _SCALING_WORDS = ("scaler", "accelerator", "fabric", "engine", "deepspeed", "loss_scal", "master_param")
 
@@ -45,9 +42,13 @@ class Float16AutocastWithoutGradScaler(Rule):
     runs on CUDA wherever a GPU is there), or `device.type` with `device = torch.device(...)` of those.
 
     Finds pure float16 training too: a module cast to float16 (`model.half()`, `model.to(torch.float16)`,
-    `model.to(dtype=torch.half)`, `model.type(torch.cuda.HalfTensor)`, `model = Net().cuda().half()`) or loaded
-    in it (`model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float16)`, `dtype=` too;
-    not in a file that uses `peft`, whose adapters train in float32 over the frozen float16 base) whose
+    `model.to(dtype=torch.half)`, `model.type(torch.cuda.HalfTensor)`, `model = Net().cuda().half()`), cast to
+    the dtype of a float16 value (`head = nn.Linear(...).to(clip_model.dtype)` with `clip_model` from OpenAI
+    CLIP's `clip.load(name)`, float16 on CUDA, in the function or passed in by every caller), built by a
+    function of the run whose every `return` gives a float16 module (`model = make_tower()`, which ends in
+    `.half()`), or loaded in float16 (`model = AutoModelForCausalLM.from_pretrained(name,
+    torch_dtype=torch.float16)`, `dtype=` too; not in a file that uses `peft`, whose adapters train in float32
+    over the frozen float16 base) whose
     parameters an optimizer of the same function or script was built over, when that optimizer steps after
     the cast, next to a `backward()`: in the same place, or in a function (of the file or another file of
     the run) that is handed the optimizer (`train(loader, model, optimizer)` once per epoch).
@@ -112,6 +113,7 @@ class Float16AutocastWithoutGradScaler(Rule):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._scaled: bool | None = None
         self._via: str | None = None  # the device variable that makes the autocast CUDA's float16 default
+        self._by_scope: dict[int, list[ast.Assign]] | None = None  # scope -> the optimizers it builds
 
     def visit_withitem(self, node: ast.withitem) -> None:
         """``with autocast(...)``."""
@@ -165,8 +167,17 @@ class Float16AutocastWithoutGradScaler(Rule):
         return None
 
     def visit_Call(self, node: ast.Call) -> None:
-        """``model.half()``, ``model.to(torch.float16)``: a module whose weights are float16, then trained."""
+        """``model.half()``, ``model.to(torch.float16)``, ``head.to(clip_model.dtype)``, ``model =
+        build_half_model()``: a module whose weights are float16, then trained."""
         module = self._cast_to_fp16(node)
+        how = "loaded in float16" if method_call(node, "from_pretrained") else "cast to float16"
+        if module is not None:
+            dtype = self._copied_dtype(node)
+            if dtype is not None:
+                how = f"cast to `{dtype}` (float16)"
+        else:
+            module = self._built_in_fp16(node)
+            how = f"built in float16 by `{self.ctx.segment(node.func)}`"
         if module is None or self._file_scales() or self._cast_back(module):
             return
         optimizer = self._trained_by(module, node)
@@ -174,11 +185,35 @@ class Float16AutocastWithoutGradScaler(Rule):
             return
         self.report(
             node,
-            f"`{module}` is {'loaded in' if method_call(node, 'from_pretrained') else 'cast to'} float16 and "
-            f"`{optimizer}` trains it with no GradScaler and no float32 master "
+            f"`{module}` is {how} and `{optimizer}` trains it with no GradScaler and no float32 master "
             f"weights: small gradients underflow to zero and small updates round away; keep the weights in "
             f"float32 and use torch.autocast(dtype=torch.float16) with torch.amp.GradScaler, or bfloat16",
         )
+
+    def _copied_dtype(self, call: ast.Call) -> str | None:
+        """The source text of a dtype copied from another value (``clip_model.dtype``), not a float16 literal."""
+        for a in (*call.args, *(k.value for k in call.keywords)):
+            if not self._is_fp16(a) and is_float16(self.ctx, a, call):
+                return self.ctx.segment(a)
+        return None
+
+    def _built_in_fp16(self, call: ast.Call) -> str | None:
+        """``model = build(cfg)`` (moved on or not, ``.cuda()``) where every ``return`` of the builder, in this
+        file or another of the run, gives a float16 module (``return net.half()``): the name bound, or None."""
+        if method_call(call, "half", "to", "type", "from_pretrained"):
+            return None
+        top = _chain_top(self.ctx, call)
+        parent = self.ctx.parent(top)
+        if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1 and parent.value is top):
+            return None
+        if not self._optimizers(self.ctx.scope(call)):
+            return None  # nothing here trains what the builder returns
+        if isinstance(call.func, ast.Attribute) and call.func.attr in ("to", "cuda", "cpu", "train", "eval"):
+            return None  # the chain's inner call answers
+        target = parent.targets[0]
+        if not isinstance(target, (ast.Name, ast.Attribute)) or not built_float16(self.ctx, call):
+            return None
+        return dotted(target) if self.ctx.is_module(target) else None
 
     def _cast_to_fp16(self, call: ast.Call) -> str | None:
         """The module ``call`` puts in float16 (``m.half()``, ``m.to(torch.float16)``, ``m.to(dtype=...)``,
@@ -189,20 +224,27 @@ class Float16AutocastWithoutGradScaler(Rule):
             return None
         if func.attr == "from_pretrained":
             return self._loaded_in_fp16(call)
-        if func.attr == "half":
-            if call.args or call.keywords:
-                return None
-        elif func.attr not in ("to", "type") or not any(
-                self._is_fp16(a) or self.ctx.qualname(a) in _FP16_TENSOR_TYPES
-                for a in (*call.args, *(k.value for k in call.keywords if k.arg in ("dtype", None)))):
+        copied = False  # the dtype of another value: asked of the value model last, once the rest holds
+        if func.attr in ("to", "type"):
+            given = [*call.args, *(k.value for k in call.keywords if k.arg in ("dtype", None))]
+            if not any(self._is_fp16(a) or self.ctx.qualname(a) in FP16 for a in given):
+                if not any(_names_a_dtype(self.ctx, a, call) for a in given):
+                    return None
+                copied = True
+        elif func.attr != "half" or call.args or call.keywords:
             return None
         receiver: ast.AST = func.value
-        parent = self.ctx.parent(call)
+        top = _chain_top(self.ctx, call)
+        parent = self.ctx.parent(top)
         if isinstance(receiver, ast.Call) and isinstance(parent, ast.Assign) and len(parent.targets) == 1:
-            receiver = parent.targets[0]  # model = Net().cuda().half(): the chain's result is the module
+            receiver = parent.targets[0]  # model = Net().half().cuda(): the chain's result is the module
         if not isinstance(receiver, (ast.Name, ast.Attribute)) or not self.ctx.is_module(receiver):
             return None
-        return dotted(receiver)
+        module = dotted(receiver)
+        if copied and (module is None or self._trained_by(module, call) is None or not any(
+                is_float16(self.ctx, a, call) for a in given if _names_a_dtype(self.ctx, a, call))):
+            return None
+        return module
 
     def _loaded_in_fp16(self, call: ast.Call) -> str | None:
         """``model = X.from_pretrained(..., torch_dtype=torch.float16)`` (or ``dtype=``, or ``"float16"``), also
@@ -234,7 +276,7 @@ class Float16AutocastWithoutGradScaler(Rule):
             if receiver is None or not (under(receiver, module) or under(module, receiver)):
                 continue
             if method_call(call, "float", "double", "bfloat16") or (method_call(call, "to", "type") and any(
-                    self.ctx.qualname(a) in _OUT_OF_FP16 for a in (*call.args, *(k.value for k in call.keywords)))):  # type: ignore[attr-defined]
+                    self.ctx.qualname(a) in OUT_OF_FP16 for a in (*call.args, *(k.value for k in call.keywords)))):  # type: ignore[attr-defined]
                 return True
         return False
 
@@ -242,18 +284,24 @@ class Float16AutocastWithoutGradScaler(Rule):
         """The optimizer, built in the scope of ``cast`` over the parameters of ``module`` (a part or a holder
         of it), that steps after a backward there or in a function the scope calls after the cast."""
         scope = self.ctx.scope(cast)
-        for node in self.ctx.nodes(ast.Assign):
-            value = node.value  # type: ignore[attr-defined]
-            q = self.ctx.qualname(value.func) or "" if isinstance(value, ast.Call) else ""
-            if (self.ctx.scope(node) is not scope or not q.startswith("torch.optim.") or "lr_scheduler" in q
-                    or len(node.targets) != 1):  # type: ignore[attr-defined]
-                continue
-            name = dotted(node.targets[0])  # type: ignore[attr-defined]
-            modules = functions(self.ctx).optimizer_modules(node.targets[0]) or set()  # type: ignore[attr-defined]
+        for node in self._optimizers(scope):
+            name = dotted(node.targets[0])
+            modules = functions(self.ctx).optimizer_modules(node.targets[0]) or set()
             if name is not None and any(under(m, module) or under(module, m) for m in modules) and \
                     self._steps_after(name, scope, cast):
                 return name
         return None
+
+    def _optimizers(self, scope: ast.AST) -> list[ast.Assign]:
+        """``opt = torch.optim.X(...)`` statements of a scope (schedulers left out), indexed once per file."""
+        if self._by_scope is None:
+            self._by_scope = {}
+            for node in self.ctx.nodes(ast.Assign):
+                value = node.value  # type: ignore[attr-defined]
+                q = self.ctx.qualname(value.func) or "" if isinstance(value, ast.Call) else ""
+                if q.startswith("torch.optim.") and "lr_scheduler" not in q and len(node.targets) == 1:  # type: ignore[attr-defined]
+                    self._by_scope.setdefault(id(self.ctx.scope(node)), []).append(node)  # type: ignore[arg-type]
+        return self._by_scope.get(id(scope), [])
 
     def _steps_after(self, optimizer: str, scope: ast.AST, cast: ast.Call) -> bool:
         """Whether ``optimizer.step()`` runs after ``cast`` with a backward pass: in the scope itself, or in a
@@ -361,12 +409,13 @@ class Float16AutocastWithoutGradScaler(Rule):
         return frozenset().union(*parts)
 
     def _is_fp16(self, expr: ast.AST) -> bool:
-        if (self.ctx.qualname(expr) or "") in _FP16:
+        """A float16 dtype: ``torch.float16``, ``torch.half``, or a name bound once to one."""
+        if (self.ctx.qualname(expr) or "") in FP16:
             return True
         if isinstance(expr, ast.Name):
             found = self.ctx.bindings_of(expr)
             if len(found) == 1 and found[0].kind == "assign" and found[0].value is not None and not found[0].unpacked:
-                return (self.ctx.qualname(found[0].value) or "") in _FP16
+                return (self.ctx.qualname(found[0].value) or "") in FP16
         return False
 
     def _file_scales(self) -> bool:
@@ -381,6 +430,29 @@ class Float16AutocastWithoutGradScaler(Rule):
                 self._scaled = any(q.split(".", 1)[0] in ("accelerate", "lightning", "pytorch_lightning", "deepspeed")
                                    or "GradScaler" in q for q in self.ctx.aliases.values())
         return self._scaled
+
+
+def _names_a_dtype(ctx: Context, expr: ast.AST, at: ast.AST) -> bool:
+    """``x.dtype``, or a name last assigned one (``dtype = backbone.dtype``): worth asking the value model
+    about (a device or a plain tensor is not)."""
+    if isinstance(expr, ast.Name):
+        found = ctx.reaching(expr, at)
+        return bool(found) and all(b.kind == "assign" and b.value is not None and not b.unpacked
+                                   and _names_a_dtype(ctx, b.value, b.stmt) for b in found)
+    return isinstance(expr, ast.Attribute) and expr.attr == "dtype"
+
+
+def _chain_top(ctx: Context, call: ast.Call) -> ast.AST:
+    """The outermost call of a chain of methods that return the module: ``Net().half().cuda()`` from ``half()``."""
+    node: ast.AST = call
+    while True:
+        parent = ctx.parent(node)
+        outer = ctx.parent(parent) if isinstance(parent, ast.Attribute) else None
+        if not (isinstance(parent, ast.Attribute) and parent.attr in ("to", "cuda", "cpu", "train", "eval",
+                                                                     "requires_grad_")
+                and isinstance(outer, ast.Call) and outer.func is parent):
+            return node
+        node = outer
 
 
 def _parameters_given(ctx: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call, name: str) -> list[str]:
