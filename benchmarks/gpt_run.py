@@ -8,8 +8,10 @@ prefers a few successors), so the loss falls; made here from a seed, nothing dow
 
 - start from the same weights (built under the same seed) and see the batches in the same order (a
   ``RandomSampler`` with the same seeded generator, as the Trainer's own loader draws them);
-- use the same optimizer, ``torch.optim.AdamW(params, lr, weight_decay)``, given to the Trainer as its
-  ``optimizer`` factory, and the same loss, the mean cross-entropy of the next token;
+- use the same optimizer, ``torch.optim.AdamW(params, lr, weight_decay=0)``, given to the Trainer as its
+  ``optimizer`` factory (a factory gets the Trainer's parameter groups, no weight decay on biases and norms;
+  with no weight decay at all they fold back into the one group the hand loop has), and the same loss, the mean
+  cross-entropy of the next token;
 - each epoch, evaluate the validation loss and token accuracy under eval mode and inference mode, and save the
   model's and the optimizer's state with ``torch.save``.
 
@@ -64,7 +66,7 @@ class Shape:
     val_batches: int = 8
     epochs: int = 3
     lr: float = 1e-3
-    weight_decay: float = 0.1
+    weight_decay: float = 0.0  # the Trainer hands a factory no-decay groups; with none they fold back into one
     seed: int = 0
 
 
