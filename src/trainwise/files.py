@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import stat
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -84,6 +85,40 @@ class PendingWrite:
             self._file.close()
         with contextlib.suppress(OSError):
             self.temp.unlink()
+
+
+# Commits running on a thread (commit_beside), by target path: every reader or writer of that file in this process
+# settles it first, so nothing here ever sees the file before it is whole, or writes it out of order.
+_BESIDE: dict[str, tuple[threading.Thread, list[BaseException]]] = {}
+
+
+def commit_beside(pending: PendingWrite) -> None:
+    """Commit ``pending`` (fsync, rename, fsync of the folder) on a thread while the caller goes on: the disk's
+    wait moves off the caller's path. The target appears when the commit is done; :func:`settle` waits for it."""
+    settle(pending.path)  # one commit per file at a time, in order
+    errors: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            pending.commit()
+        except BaseException as exc:  # handed to whoever settles: a thread's own exception would be lost
+            errors.append(exc)
+
+    thread = threading.Thread(target=commit, name="trainwise-commit")
+    _BESIDE[os.path.abspath(pending.path)] = (thread, errors)
+    thread.start()
+
+
+def settle(path: str | os.PathLike[str]) -> None:
+    """Wait until a :func:`commit_beside` of ``path`` is on disk (nothing when there is none); its error (a
+    :class:`~trainwise.errors.DiskWriteError`, the target unchanged) is raised here, once."""
+    entry = _BESIDE.pop(os.path.abspath(path), None)
+    if entry is None:
+        return
+    thread, errors = entry
+    thread.join()
+    if errors:
+        raise errors[0]
 
 
 def write_temporary(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> PendingWrite:
@@ -231,13 +266,22 @@ def _guess_write_failure(folder: Path) -> tuple[int | None, str]:
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (see :func:`atomic_write`)."""
-    return atomic_write(path, lambda file: file.write(data))
+    return write_temporary_bytes(path, data).commit()
+
+
+def write_temporary_bytes(path: str | os.PathLike[str], data: bytes) -> PendingWrite:
+    """:func:`write_temporary` of ``data``: written in full, not yet committed."""
+    return write_temporary(path, lambda file: file.write(data))
 
 
 def atomic_write_json(path: str | os.PathLike[str], value: Any, *, sort_keys: bool = True) -> Path:
     """Write ``value`` as indented JSON to ``path`` atomically (values JSON lacks are written as strings)."""
-    text = json.dumps(value, indent=2, sort_keys=sort_keys, default=str) + "\n"
-    return atomic_write_bytes(path, text.encode())
+    return atomic_write_bytes(path, json_bytes(value, sort_keys=sort_keys))
+
+
+def json_bytes(value: Any, *, sort_keys: bool = True) -> bytes:
+    """``value`` as the indented JSON :func:`atomic_write_json` writes (values JSON lacks as strings)."""
+    return (json.dumps(value, indent=2, sort_keys=sort_keys, default=str) + "\n").encode()
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -259,7 +303,11 @@ __all__ = [
     "atomic_write",
     "atomic_write_bytes",
     "atomic_write_json",
+    "commit_beside",
     "is_temp_file",
+    "json_bytes",
+    "settle",
     "write_failure",
     "write_temporary",
+    "write_temporary_bytes",
 ]

@@ -145,6 +145,7 @@ class Fit:
         """With ``count="auto"``: what the first batch chose to count, and why, printed, logged and added to
         ``config.json`` (once, after the first optimizer step)."""
         self.count_said = True
+        self.folder.log.settle()  # config.json, committed beside the first step, is on disk (or its error raised)
         found = count_choice(self.state.model) if self.options.count == "auto" else None
         if found is not None:
             count, reason = found

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.errors import TrainwiseError
+from trainwise.files import settle
 
 LOCK = ".trainwise.lock"
 CONFIG = "config.json"
@@ -162,6 +163,7 @@ class RunFolder:
         """The run id config.json recorded; None when there is no config.json, it is unreadable, or it was
         written by a trainwise from before run ids (such a folder keeps working as it did: see
         docs/checkpoints.md, Run folder)."""
+        settle(self.run_dir / CONFIG)  # a config.json this process is still committing: read once it is whole
         try:
             path = self.file(CONFIG)
             saved: Any = json.loads(path.read_text(encoding="utf-8"))
@@ -173,6 +175,7 @@ class RunFolder:
     def amend_config(self, **fields: Any) -> None:
         """Add ``fields`` to ``config.json`` (what the run decided after it started: the count chosen); nothing
         when there is no readable config.json or this process does not write (another rank)."""
+        settle(self.run_dir / CONFIG)  # the file being committed: amended once it is whole (a failure raises)
         try:
             saved: Any = json.loads(self.file(CONFIG).read_text(encoding="utf-8"))
         except (OSError, ValueError, TrainwiseError):
@@ -181,6 +184,7 @@ class RunFolder:
             self.log.write_json(CONFIG, {**saved, **fields})
 
     def has_config(self) -> bool:
+        settle(self.run_dir / CONFIG)
         return os.path.lexists(self.run_dir / CONFIG)
 
     # -- what a run says: the progress line, the log record and the trackers together ------------------------

@@ -182,6 +182,7 @@ class RunLog:
         self._file: Any = None
         self._pending: list[dict[str, Any]] | None = [] if deferred else None
         self._json: list[tuple[str, dict[str, Any]]] = []
+        self._committing: list[Path] = []  # JSON files begin() is committing on a thread
         if not deferred:
             self._open()
 
@@ -194,12 +195,18 @@ class RunLog:
             raise write_failure(self.path, exc.errno, exc.strerror) from None
 
     def begin(self) -> None:
-        """Write what a deferred log kept: the JSON files first (config.json), then the records."""
+        """Write what a deferred log kept: the JSON files first (config.json), then the records. The JSON files
+        are written now and made durable beside the first steps (:func:`~trainwise.files.commit_beside`: their
+        fsyncs are the set-up's longest wait); :meth:`settle` waits for them and raises a failed one."""
         if self._pending is None:
             return
+        from trainwise.files import commit_beside, json_bytes, write_temporary_bytes
+
         pending, self._pending = self._pending, None
         for name, payload in self._json:
-            self.write_json(name, payload)
+            path = RunFolder(self.run_dir).file(name)
+            commit_beside(write_temporary_bytes(path, json_bytes(payload, sort_keys=False)))
+            self._committing.append(path)
         self._json = []
         self._open()
         for record in pending:
@@ -224,9 +231,21 @@ class RunLog:
         if self._pending is not None:
             self._json.append((name, payload))
             return path
+        self.settle()
         return atomic_write_json(path, payload, sort_keys=False)
 
+    def settle(self) -> None:
+        """Wait until the JSON files :meth:`begin` wrote are on disk; a failed one raises its
+        :class:`~trainwise.errors.DiskWriteError` here (the Trainer settles after its first optimizer step)."""
+        from trainwise.files import settle
+
+        committing, self._committing = self._committing, []
+        for path in committing:
+            settle(path)
+
     def close(self) -> None:
+        with contextlib.suppress(TrainwiseError, OSError):  # a run that ends before settling has its own error
+            self.settle()
         if self._file is not None and not self._file.closed:
             with contextlib.suppress(OSError):  # a full disk: the records written so far are flushed already
                 self._file.close()
@@ -249,6 +268,9 @@ class NullRunLog:
 
     def write_json(self, name: str, payload: dict[str, Any]) -> Path:
         return self.run_dir / name
+
+    def settle(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

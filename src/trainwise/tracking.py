@@ -129,6 +129,9 @@ class TrackedLog:
     def write_json(self, name: str, payload: dict[str, Any]) -> Path:
         return self._log.write_json(name, payload)
 
+    def settle(self) -> None:
+        self._log.settle()
+
     def each(self, method: str, *args: Any) -> None:
         """Call ``method`` on every tracker that has it; one that raises is reported once and dropped."""
         for tracker in list(self.trackers):

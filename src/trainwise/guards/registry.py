@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 
@@ -11,6 +12,12 @@ from trainwise.guards.check import Check
 
 def all_check_classes() -> list[type[Check]]:
     """The check classes of the ``twNNN_*.py`` modules of this package, in code order."""
+    return list(_discovered())
+
+
+@functools.cache
+def _discovered() -> tuple[type[Check], ...]:
+    """The package's check modules, listed and imported once per process (every fit asks)."""
     package = importlib.import_module("trainwise.guards")
     found = []
     for info in pkgutil.iter_modules(package.__path__):
@@ -21,7 +28,7 @@ def all_check_classes() -> list[type[Check]]:
             is_check = isinstance(value, type) and issubclass(value, Check) and value is not Check
             if is_check and value.code and value.__module__ == module.__name__:
                 found.append(value)
-    return sorted(found, key=lambda cls: cls.code)
+    return tuple(sorted(found, key=lambda cls: cls.code))
 
 
 def check_classes(codes: list[str] | None = None) -> list[type[Check]]:
