@@ -21,6 +21,7 @@ from trainwise.doctor.context.modules import HEAD_WORD
 from trainwise.doctor.context.syntax import (
     Binding,
     argument,
+    bound_value,
     dotted,
     init_of,
     is_bound_method,
@@ -106,7 +107,8 @@ class Freezes:
                      if self.ctx.enclosing_class(b.stmt) is cls]
             if init is None or len(found) != 1 or self.ctx.scope(found[0].stmt) is not init:
                 return out
-            value = self.ctx.strip_moves(found[0].value) if found[0].value is not None else None
+            given = bound_value(found[0]) if found[0].kind == "assign" else None
+            value = self.ctx.strip_moves(given) if given is not None else None
             if not (isinstance(value, ast.Name) and is_param(init, value.id)):
                 return out
             fn, root, sites = init, value.id, self.ctx.constructions(cls)

@@ -13,8 +13,8 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from trainwise.doctor.context.syntax import argument, init_of, is_const, is_param, keyword, method_call
-from trainwise.doctor.context.values import Built, built_by
+from trainwise.doctor.context.syntax import argument, bound_value, init_of, is_const, is_param, keyword, method_call
+from trainwise.doctor.context.values import Built, built_by, given_to
 
 if TYPE_CHECKING:
     from trainwise.doctor.context import Context
@@ -61,26 +61,27 @@ class Norms:
                 return False
             if cls.name in self.ctx.module_classes:
                 return self.class_has_bn(cls, attrs, 0, None, excluded)
+            given = given_to(self.ctx, cls, attrs[0])
+            if given:  # a trainer's model: what its constructions, in this file or another, pass
+                return any(there.analysis(Norms).value_has_bn(arg, attrs[1:], call, 1, excluded)
+                           for there, arg, call in given)
             value, attrs = self.ctx.self_value(cls, attrs[0]), attrs[1:]
-            init = init_of(cls)
-            if isinstance(value, ast.Name) and init is not None and is_param(init, value.id):
-                args = [(argument(init, value.id, c, method=True), c) for c in self.ctx.constructions(cls)[:_MAX_SITES]]
-                return any(a is not None and self.value_has_bn(a, attrs, c, 1, excluded) for a, c in args)
         else:
             value = self.ctx.value_of(ast.Name(id=root, ctx=ast.Load()), at)
             if value is None or not self.value_has_bn(value, attrs, at, 0, excluded):
                 return self._built_has_bn(built_by(self.ctx, ast.Name(id=root, ctx=ast.Load()), at), attrs, excluded)
         return value is not None and self.value_has_bn(value, attrs, at, 0, excluded)
 
-    def _built_has_bn(self, built: Built | None, attrs: list[str], excluded: set[str] | frozenset[str]) -> bool:
+    def _built_has_bn(self, built: Built | None, attrs: list[str], excluded: set[str] | frozenset[str],
+                      depth: int = 1) -> bool:
         """What builds the object (a factory, a registry, a class of another file: ``values.built_by``) holds
         BatchNorm at ``attrs``."""
         if built is None:
             return False
         norms = built.ctx.analysis(Norms)
         if built.cls is not None:
-            return norms.class_has_bn(built.cls, attrs, 1, None, excluded)
-        return norms.value_has_bn(built.node, attrs, built.node, 1, excluded)
+            return norms.class_has_bn(built.cls, attrs, depth, None, excluded)
+        return norms.value_has_bn(built.node, attrs, built.node, depth, excluded)
 
     def value_has_bn(self, value: ast.AST, attrs: list[str], at: ast.AST, depth: int,
                       excluded: set[str] | frozenset[str] = frozenset()) -> bool:
@@ -90,6 +91,8 @@ class Norms:
             inner = self.ctx.value_of(value, at)
             if inner is not None and self.value_has_bn(inner, attrs, at, depth + 1, excluded):
                 return True
+            if inner is None and self._built_has_bn(built_by(self.ctx, value, at), attrs, excluded):
+                return True  # net = restore(Net(), path): what builds it, through the functions that hand it back
             return not attrs and not excluded and isinstance(inner, (ast.List, ast.Tuple)) and any(
                 self.value_has_bn(item, [], call, depth + 1) for call in self._added_to(value, at)
                 for item in call.args)  # layers = [stem]; layers.append(Block(...)); nn.Sequential(*layers)
@@ -141,6 +144,10 @@ class Norms:
             cls = self.ctx.class_named(value.func.id, at)
             if cls is not None:
                 return self.class_has_bn(cls, attrs, depth, value, excluded)
+        built = built_by(self.ctx, value, at)  # restore(Net(), path): a function of the run that hands it back
+        if built is not None and built.node is not value and self._built_has_bn(built, attrs, excluded, depth + 1):
+            return True
+        if isinstance(value.func, ast.Name):
             helpers = [fn for fn in self.ctx.functions_named(value.func.id) if self.ctx.enclosing_class(fn) is None]
             if len(helpers) == 1 and not attrs and not excluded:  # make_layers(cfg): a builder of this file
                 return self.builds_bn(helpers[0], depth)
@@ -207,9 +214,9 @@ class Norms:
                 ctor is not None and any(self.class_has_bn(cls, [n], depth, ctor) for n in sorted(names))
             )
         for b in self.ctx.attr_bindings.get(f"self.{attrs[0]}", []):
-            if self.ctx.scope(b.stmt) is not init or b.value is None or b.unpacked:
+            value: ast.AST | None = bound_value(b) if b.kind == "assign" else None
+            if self.ctx.scope(b.stmt) is not init or value is None:
                 continue
-            value: ast.AST | None = b.value
             where: ast.AST = b.stmt
             if isinstance(value, ast.Name) and is_param(init, value.id):
                 if ctor is None:

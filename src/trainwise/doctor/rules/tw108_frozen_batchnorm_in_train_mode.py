@@ -29,6 +29,7 @@ from trainwise.doctor.context.frameworks import (
 from trainwise.doctor.context.freezes import Freezes, under
 from trainwise.doctor.context.functions import functions
 from trainwise.doctor.context.modules import Norms
+from trainwise.doctor.context.values import builders
 from trainwise.doctor.rule import Rule
 
 if TYPE_CHECKING:
@@ -50,7 +51,10 @@ class FrozenBatchnormInTrainMode(Rule):
     (and training there, or called once per epoch) is reported at the call, naming the `.train()` line and
     the line that freezes. A trainer class may freeze in one method (`self.freeze()`) and put the model in
     train mode in another that a method runs after the freeze (`linear_probe` calling `self.freeze()`, then
-    `self.fit(...)` which calls `self.one_epoch()`), with no unfreeze between. A `.train()` that puts back a
+    `self.fit(...)` which calls `self.one_epoch()`), with no unfreeze between; the model such a class is given is
+    learnt where the class is constructed, in any file of the run (`Learner(dls, model)` in `finetune.py`), also
+    through functions that hand the model back (`model = restore(model, path)`), and a helper called after the
+    `.train()` whose loop trains (`self.all_batches()`) makes it a training epoch. A `.train()` that puts back a
     saved mode (`was_training = model.training`, then `model.train(was_training)` or `if was_training:
     model.train()`) restores the caller's mode and is not reported.
 
@@ -90,7 +94,9 @@ class FrozenBatchnormInTrainMode(Rule):
     under `if flag:` whose flag is not a known true value, a freeze in a method that may not be called,
     children sliced past the BatchNorm ones), when the frozen part is unfrozen again (whole, or so far that
     what stays frozen has no BatchNorm: `efficientnet.requires_grad_(False)` then
-    `efficientnet.features.requires_grad_(True)`), when a module class of the file overrides `train()`, and
+    `efficientnet.features.requires_grad_(True)`), when a module class of the file overrides `train()`, or the
+    model's own class (of any file of the run, through factories and registries) does or puts the frozen part
+    in eval in one of its methods, and
     when, after the `.train()`, the loop or function calls `.eval()` on the frozen part or on its
     `.modules()`, `model.apply(...)`, or a helper that does. A `.train()` run once with no training after it
     is not reported, nor a helper of another file that switches to train mode for one forward and back to eval
@@ -194,7 +200,8 @@ class FrozenBatchnormInTrainMode(Rule):
             for part in parts:
                 local = receiver + part[len(path):] if under(part, path) else part
                 if (self.ctx.analysis(Norms).has_bn(part, at, self.freezes.unfrozen_below(part, path))
-                        and not _kept_in_eval(self.ctx, region, node, receiver, local)):
+                        and not _kept_in_eval(self.ctx, region, node, receiver, local)
+                        and not self._class_keeps_eval(path, at, part)):
                     self.report(
                         node,
                         f"`{receiver}.train()` puts the frozen `{local}` back in train mode: its BatchNorm layers "
@@ -230,7 +237,8 @@ class FrozenBatchnormInTrainMode(Rule):
             for part in self.freezes.frozen_parts(receiver, call):
                 there = param + rest + part[len(receiver):] if under(part, receiver) else part
                 if (not self.ctx.analysis(Norms).has_bn(part, call, self.freezes.unfrozen_below(part, receiver))
-                        or _kept_in_eval(callee, fn, train, param + rest, there)):
+                        or _kept_in_eval(callee, fn, train, param + rest, there)
+                        or self._class_keeps_eval(receiver, call, part)):
                     continue
                 freeze = self.freezes.frozen_at[part]
                 if id(freeze) in self._reported_freezes:
@@ -339,7 +347,7 @@ class FrozenBatchnormInTrainMode(Rule):
                 local = receiver + part[len(path):] if under(part, path) else part
                 if not self.ctx.analysis(Norms).has_bn(part, at, self.freezes.unfrozen_below(part, path)):
                     continue
-                if self._class_keeps_eval(path, at, part[len(path) + 1:] if under(part, path) else None):
+                if self._class_keeps_eval(path, at, part):
                     continue
                 if kind == "lightning":
                     kept = (_puts_in_eval(self.ctx, scope, local, 0, outer=receiver)
@@ -362,18 +370,23 @@ class FrozenBatchnormInTrainMode(Rule):
         return True
 
 
-    def _class_keeps_eval(self, receiver: str, at: ast.AST, part: str | None) -> bool:
-        """Whether the class of ``receiver`` (of this file or another of the run) overrides ``train()``, puts
-        the frozen part in eval in one of its methods, or keeps its norm statistics training on purpose."""
-        found = None if "." in receiver else self.ctx.class_of_value(receiver, at)
-        if found is None:
-            return False
-        ctx, cls = found
-        chain = lightning_chain(ctx, cls) or [(ctx, cls)]
-        methods = [(c, f) for c, k in chain for f in k.body if isinstance(f, _FUNCS)]
-        if any(f.name == "train" for _c, f in methods) or deliberate(chain):
-            return True
-        return part is not None and any(_puts_in_eval(c, f, "self." + part, 0) for c, f in methods)
+    def _class_keeps_eval(self, path: str, at: ast.AST, part: str) -> bool:
+        """Whether the class that builds the model at ``path`` (``values.builders``: of this file or another of
+        the run, through factories and registries, or what a trainer's constructions pass) overrides ``train()``,
+        puts the frozen ``part`` in eval in one of its methods, or keeps its norm statistics training on purpose."""
+        first, _dot, rest = path.partition(".")
+        root = f"self.{rest.split('.')[0]}" if first == "self" and rest else first
+        inside = "self" + part[len(root):] if under(part, root) and part != root else None
+        for built in builders(self.ctx, root, at):
+            if built.cls is None:
+                continue
+            chain = lightning_chain(built.ctx, built.cls) or [(built.ctx, built.cls)]
+            methods = [(c, f) for c, k in chain for f in k.body if isinstance(f, _FUNCS)]
+            if any(f.name == "train" for _c, f in methods) or deliberate(chain):
+                return True
+            if inside is not None and any(_puts_in_eval(c, f, inside, 0) for c, f in methods):
+                return True
+        return False
 
     # ----------------------------------------------------------------------------- where the model comes from
 
@@ -384,14 +397,23 @@ class FrozenBatchnormInTrainMode(Rule):
     # ------------------------------------------------------------------------------------------- silences
     def _training_follows(self, train: ast.Call) -> bool:
         """Whether a training loop (one that calls ``backward()`` or ``optimizer.step()``, itself or in a
-        helper) comes after the ``.train()`` in the same function or module."""
+        helper) comes after the ``.train()`` in the same function or module, or in a same-file helper called
+        after it (a trainer's ``self.model.train()`` then ``self.all_batches()``, whose loop trains)."""
         scope = self.ctx.scope(train)
         for tp in (ast.For, ast.AsyncFor, ast.While):
             for loop in self.ctx.nodes(tp):
                 if (position(loop) > position(train) and self.ctx.scope(loop) is scope
                         and self.ctx.reaches_call(loop, self._updates, depth=2)):
                     return True
-        return False
+        after = [c for c in self.ctx.calls_within(scope)
+                 if position(c) > position(train) and self.ctx.scope(c) is scope]
+        return any(self._trains_in_a_loop(fn) for call in after for fn in self.ctx.helpers_called(call, depth=2))
+
+    def _trains_in_a_loop(self, fn: ast.AST) -> bool:
+        """Whether a loop of the function's own body trains (``backward()``/``optimizer.step()``, itself or in a
+        helper)."""
+        return any(isinstance(n, (ast.For, ast.AsyncFor, ast.While))
+                   and self.ctx.reaches_call(n, self._updates, depth=2) for n in walk_own(getattr(fn, "body", [])))
 
     def _updates(self, call: ast.Call) -> bool:
         if method_call(call, "backward"):
