@@ -740,3 +740,152 @@ def test_a_train_call_followed_by_a_helper_whose_loop_trains_is_in_a_training_ep
     forward_only = epoch[:start] + _SPLIT_EPOCH.format(step="self.samples.append(self.net(x))\n")
     run["engine/runner.py"] = forward_only + "\n" + epoch[end:]
     assert _codes(run, "TW108") == []
+
+
+# A frozen part the script itself puts in eval mode, then a `.train()` of the model holding it undoes that eval:
+# with dropout in the part (a class of the run, a Hugging Face text encoder), training sees other features than
+# inference. Without the script's own `.eval()` the mode of a dropout-only part is a choice, and stays silent.
+_CAPTIONER = """
+import torch
+from torch import nn
+from transformers import {encoder}
+
+
+class Captioner(nn.Module):
+    def __init__(self, vocab=1000):
+        super().__init__()
+        self.text = {encoder}.from_pretrained("{checkpoint}")
+        self.fuse = nn.Sequential(nn.Linear(768, 256), {drop}nn.GELU())
+        self.head = nn.Linear(256, vocab)
+
+    def forward(self, ids, feats):
+        return self.head(self.fuse(self.text(ids).last_hidden_state.mean(1) + feats))
+"""
+
+_CAPTION_TRAIN = """
+import torch
+from models import Captioner
+
+model = Captioner()
+for p in model.{part}.parameters():
+    p.requires_grad = False
+{evaluate}
+optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+for epoch in range(10):
+    model.train()
+    for ids, feats, target in loader:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(ids, feats), target).backward()
+        optimizer.step()
+"""
+
+
+def _captions(encoder="T5EncoderModel", checkpoint="google/flan-t5-base", drop="", part="text",
+              evaluate="model.text.eval()") -> dict[str, str]:
+    return {"models.py": _CAPTIONER.format(encoder=encoder, checkpoint=checkpoint, drop=drop),
+            "train.py": _CAPTION_TRAIN.format(part=part, evaluate=evaluate)}
+
+
+def test_a_frozen_part_put_in_eval_then_back_in_train_mode_runs_its_dropout():
+    assert _codes(_captions(), "TW108") == [("train.py", 11)]
+    assert _codes(_captions(encoder="BertModel", checkpoint="bert-base-uncased"), "TW108") == [("train.py", 11)]
+    fused = _captions(drop="nn.Dropout(0.2), ", part="fuse", evaluate="model.fuse.eval()")
+    assert _codes(fused, "TW108") == [("train.py", 11)]
+
+
+def test_a_frozen_part_put_in_eval_in_init_only_runs_its_dropout_after_train():
+    frozen_in_init = _CAPTIONER.format(encoder="T5EncoderModel", checkpoint="t5-small", drop="").replace(
+        "        self.head = nn.Linear(256, vocab)\n",
+        "        self.head = nn.Linear(256, vocab)\n        self.text.requires_grad_(False)\n"
+        "        self.text.eval()\n")
+    assert _codes({"models.py": frozen_in_init}, "TW108") == [("models.py", 14)]
+
+
+def test_a_frozen_part_without_dropout_or_never_put_in_eval_or_kept_in_eval_stays_silent():
+    kept = _captions()
+    kept["train.py"] = kept["train.py"].replace("    model.train()\n", "    model.train()\n    model.text.eval()\n")
+    for run in (_captions(encoder="CLIPTextModel", checkpoint="openai/clip-vit-base-patch32"),
+                _captions(evaluate=""), kept,
+                _captions(part="fuse", evaluate="model.fuse.eval()"),
+                _captions(drop="nn.Dropout(0.0), ", part="fuse", evaluate="model.fuse.eval()"),
+                _captions(encoder="FluxTransformer2DModel", checkpoint="flux")):
+        assert _codes(run, "TW108") == [], run
+
+
+_PREPARED = """
+import torch
+import torchvision
+from accelerate import Accelerator
+from helpers import freeze_bn
+
+accelerator = Accelerator()
+model = torchvision.models.resnet18(weights="DEFAULT")
+model.requires_grad_(False)
+model.fc = torch.nn.Linear(512, 3)
+optimizer = torch.optim.SGD(model.fc.parameters(), lr=0.1)
+model, optimizer, loader = {prepare}(model, optimizer, loader)
+for epoch in range(5):
+    model.train()
+    for x, y in loader:
+        optimizer.zero_grad()
+        accelerator.backward(torch.nn.functional.cross_entropy(model(x), y))
+        {clip}
+        grad_size = sum(p.grad.norm(2).item() for p in model.parameters() if p.grad is not None)
+        optimizer.step()
+"""
+
+
+def test_a_model_handed_back_by_accelerate_and_a_loop_that_clips_or_measures_norms_still_trains_batchnorm():
+    for clip in ("accelerator.clip_grad_norm_(model.parameters(), 1.0)",
+                 "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)"):
+        source = _PREPARED.format(prepare="accelerator.prepare", clip=clip)
+        assert _codes({"train.py": source}, "TW108") == [("train.py", 14)], clip
+    captions = _captions()
+    captions["train.py"] = captions["train.py"].replace(
+        "optimizer = torch.optim", "from accelerate import Accelerator\nacc = Accelerator()\noptimizer = torch.optim"
+    ).replace("for epoch in range(10):", "model, optimizer = acc.prepare(model, optimizer)\nfor epoch in range(10):")
+    assert _codes(captions, "TW108") == [("train.py", 14)]
+
+
+def test_a_model_handed_to_an_unknown_preparer_or_to_a_norm_helper_after_train_stays_silent():
+    unknown = _PREPARED.format(prepare="toolkit.prepare", clip="pass")
+    helper = _PREPARED.format(prepare="accelerator.prepare", clip="model = freeze_bn(model)")
+    captions = _captions()
+    captions["train.py"] = captions["train.py"].replace(
+        "for epoch in range(10):", "model, optimizer = toolkit.prepare(model, optimizer)\nfor epoch in range(10):")
+    for run in ({"train.py": unknown}, {"train.py": helper}, captions):
+        assert _codes(run, "TW108") == [], run
+
+
+def test_torch_init_functions_named_like_norms_do_not_keep_a_frozen_part_in_eval():
+    nets = """
+import torch.nn as nn
+
+
+class Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
+        self.fc = nn.Linear(8, 2)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out")
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0, 0.01)
+"""
+    script = """
+import torch
+from nets import Tower
+
+net = Tower()
+for p in net.trunk.parameters():
+    p.requires_grad = False
+opt = torch.optim.Adam([p for p in net.parameters() if p.requires_grad])
+for epoch in range(3):
+    net.train()
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+"""
+    assert _codes({"nets.py": nets, "train.py": script}, "TW108") == [("train.py", 10)]

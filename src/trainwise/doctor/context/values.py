@@ -16,7 +16,15 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainwise.doctor.context.syntax import argument, bound_value, init_of, is_bound_method, is_param
+from trainwise.doctor.context.syntax import (
+    Binding,
+    argument,
+    bound_value,
+    init_of,
+    is_bound_method,
+    is_param,
+    method_call,
+)
 
 if TYPE_CHECKING:
     from trainwise.doctor.context import Context
@@ -72,17 +80,37 @@ def _from_bindings(ctx: Context, name: ast.Name, at: ast.AST, depth: int, site: 
                 return None
             found = built
             continue
-        given = bound_value(binding) if binding.kind == "assign" else None
+        given = handed_back(ctx, binding)
         if given is None:
             return None
         value = ctx.strip_moves(given)
         if isinstance(value, ast.Name) and value.id == name.id:
-            continue  # model = model.cuda()
+            continue  # model = model.cuda(); model, opt = accelerator.prepare(model, opt)
         built = built_by(ctx, value, binding.stmt, depth + 1, site)
         if built is None or (found is not None and (built.node is not found.node)):
             return None
         found = built
     return found
+
+
+def handed_back(ctx: Context, binding: Binding) -> ast.expr | None:
+    """The expression an assignment gives its target (``syntax.bound_value``), or, for ``model, opt =
+    accelerator.prepare(model, opt)``, the argument in its place: accelerate hands back what it is given (a
+    model wrapped for DDP holds the same modules)."""
+    if binding.kind != "assign":
+        return None
+    value = binding.value
+    if (binding.unpacked and binding.index is not None and isinstance(value, ast.Call) and method_call(value, "prepare")
+            and not value.keywords and binding.index < len(value.args)
+            and not any(isinstance(a, ast.Starred) for a in value.args) and _accelerator(ctx, value.func.value, value)):  # type: ignore[attr-defined]
+        return value.args[binding.index]
+    return bound_value(binding)
+
+
+def _accelerator(ctx: Context, expr: ast.expr, at: ast.AST) -> bool:
+    """Whether ``expr`` holds an ``accelerate.Accelerator``."""
+    value = ctx.value_of(expr, at) if isinstance(expr, ast.Name) else None
+    return isinstance(value, ast.Call) and ctx.qualname(value.func) == "accelerate.Accelerator"
 
 
 def _passed(site: Site, param: str, depth: int) -> Built | None:

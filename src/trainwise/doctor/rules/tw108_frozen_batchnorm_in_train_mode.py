@@ -28,7 +28,7 @@ from trainwise.doctor.context.frameworks import (
 )
 from trainwise.doctor.context.freezes import Freezes, under
 from trainwise.doctor.context.functions import functions
-from trainwise.doctor.context.modules import Norms
+from trainwise.doctor.context.modules import ModeLayers, Norms
 from trainwise.doctor.context.values import builders
 from trainwise.doctor.rule import Rule
 
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _NORM_HELPER = re.compile(r"bn|batch_?norm|norm|freeze|frozen", re.IGNORECASE)
+_CLIPPING = frozenset({"clip_grad_norm_", "clip_grad_norm", "clip_grad_value_"})
+_DROPOUT_EFFECT = "its dropout is active again while it is frozen, so training sees other features than inference"
 
 
 class FrozenBatchnormInTrainMode(Rule):
@@ -53,8 +55,13 @@ class FrozenBatchnormInTrainMode(Rule):
     train mode in another that a method runs after the freeze (`linear_probe` calling `self.freeze()`, then
     `self.fit(...)` which calls `self.one_epoch()`), with no unfreeze between; the model such a class is given is
     learnt where the class is constructed, in any file of the run (`Learner(dls, model)` in `finetune.py`), also
-    through functions that hand the model back (`model = restore(model, path)`), and a helper called after the
-    `.train()` whose loop trains (`self.all_batches()`) makes it a training epoch. A `.train()` that puts back a
+    through functions that hand the model back (`model = restore(model, path)`, `accelerator.prepare(model, ...)`),
+    and a helper called after the `.train()` whose loop trains (`self.all_batches()`) makes it a training epoch.
+
+    The same `.train()` undoes the script's own `.eval()` of a frozen part that has dropout instead
+    (`model.text_encoder.eval()` after freezing a T5 or BERT text encoder of the model, or a part of the run
+    that builds `nn.Dropout`): reported too, as the script said the part belongs in eval mode; a class that
+    freezes such a part and puts it in eval in `__init__` only is reported there. A `.train()` that puts back a
     saved mode (`was_training = model.training`, then `model.train(was_training)` or `if was_training:
     model.train()`) restores the caller's mode and is not reported.
 
@@ -94,7 +101,8 @@ class FrozenBatchnormInTrainMode(Rule):
     under `if flag:` whose flag is not a known true value, a freeze in a method that may not be called,
     children sliced past the BatchNorm ones), when the frozen part is unfrozen again (whole, or so far that
     what stays frozen has no BatchNorm: `efficientnet.requires_grad_(False)` then
-    `efficientnet.features.requires_grad_(True)`), when a module class of the file overrides `train()`, or the
+    `efficientnet.features.requires_grad_(True)`), when a frozen part has dropout but the script never puts it in
+    eval itself (then its mode is a choice), when a module class of the file overrides `train()`, or the
     model's own class (of any file of the run, through factories and registries) does or puts the frozen part
     in eval in one of its methods, and
     when, after the `.train()`, the loop or function calls `.eval()` on the frozen part or on its
@@ -199,16 +207,25 @@ class FrozenBatchnormInTrainMode(Rule):
                     continue
             for part in parts:
                 local = receiver + part[len(path):] if under(part, path) else part
-                if (self.ctx.analysis(Norms).has_bn(part, at, self.freezes.unfrozen_below(part, path))
-                        and not _kept_in_eval(self.ctx, region, node, receiver, local)
-                        and not self._class_keeps_eval(path, at, part)):
-                    self.report(
-                        node,
-                        f"`{receiver}.train()` puts the frozen `{local}` back in train mode: its BatchNorm layers "
-                        f"keep updating their running statistics; call `.eval()` on the frozen part (or its "
-                        f"BatchNorm modules) after `{receiver}.train()`, or freeze with trainwise.freeze",
-                    )
+                excluded = self.freezes.unfrozen_below(part, path)
+                norms = self.ctx.analysis(Norms).has_bn(part, at, excluded)
+                evaluated = None if norms else self.freezes.put_in_eval(part, at)
+                if not (norms or (evaluated is not None and self.ctx.analysis(ModeLayers).has_bn(part, at, excluded))):
+                    continue
+                if _kept_in_eval(self.ctx, region, node, receiver, local) or self._class_keeps_eval(path, at, part):
+                    continue
+                if evaluated is not None:
+                    self.report(node, f"`{receiver}.train()` puts the frozen `{local}` back in train mode, undoing its "
+                                      f"`.eval()` on line {evaluated.lineno}: {_DROPOUT_EFFECT}; call `{local}.eval()` "
+                                      f"after `{receiver}.train()`")
                     return
+                self.report(
+                    node,
+                    f"`{receiver}.train()` puts the frozen `{local}` back in train mode: its BatchNorm layers "
+                    f"keep updating their running statistics; call `.eval()` on the frozen part (or its "
+                    f"BatchNorm modules) after `{receiver}.train()`, or freeze with trainwise.freeze",
+                )
+                return
 
 
     def _through_other_file(self, call: ast.Call) -> None:
@@ -314,14 +331,18 @@ class FrozenBatchnormInTrainMode(Rule):
                      and dotted(c.func.value) == module]  # type: ignore[attr-defined]
             if not evals or any(_puts_in_eval(self.ctx, f, module, 0) for f in methods if f is not init):
                 continue
-            if not self.ctx.analysis(Norms).has_bn(module, stmt, self.freezes.unfrozen_below(module, "self")):
+            excluded = self.freezes.unfrozen_below(module, "self")
+            norms = self.ctx.analysis(Norms).has_bn(module, stmt, excluded)
+            if not norms and not self.ctx.analysis(ModeLayers).has_bn(module, stmt, excluded):
                 continue
+            effect = ("its BatchNorm layers update their running statistics" if norms else
+                      _DROPOUT_EFFECT.replace("its dropout is", "its dropout is then"))
             self.report(
                 evals[0],
                 f"`{module}` is frozen and put in eval mode in `__init__` only: the first `.train()` of a "
-                f"`{node.name}` (every training loop and framework calls one) puts it back in train mode and its "
-                f"BatchNorm layers update their running statistics; override `train()` to keep `{module}` in "
-                f"eval mode, or freeze with trainwise.freeze",
+                f"`{node.name}` (every training loop and framework calls one) puts it back in train mode and "
+                f"{effect}; override `train()` to keep `{module}` in eval mode"
+                + (", or freeze with trainwise.freeze" if norms else ""),
             )
             return
 
@@ -453,8 +474,9 @@ def _puts_in_eval(ctx: Context, fn: ast.AST, part: str, depth: int, outer: str |
             if target is not None and (under(part, target) or under(target, part)):
                 return True
         name = last_name(func)
-        if name is None or not _NORM_HELPER.search(name) or not isinstance(ctx.parent(call), ast.Expr):
-            continue  # a helper's result used (``vgg19_bn(...)``, ``nn.BatchNorm2d(...)``): no switch of modes
+        if (name is None or not _NORM_HELPER.search(name) or not isinstance(ctx.parent(call), ast.Expr)
+                or (ctx.qualname(func) or "").startswith("torch.")):
+            continue  # a helper's result used (``vgg19_bn(...)``), torch's own (``nn.init.kaiming_normal_``)
         if isinstance(func, ast.Attribute) and dotted(func.value) == "self":
             cls = ctx.enclosing_class(fn) if not isinstance(fn, ast.ClassDef) else fn
             own = [f for f in (cls.body if cls is not None else []) if isinstance(f, _FUNCS) and f.name == name]
@@ -493,13 +515,24 @@ def _kept_in_eval(ctx: Context, region: ast.AST, train: ast.Call, receiver: str,
         if method_call(call, "apply"):
             return True
         name = last_name(func)
-        if name is not None and _NORM_HELPER.search(name):
+        if name is not None and _NORM_HELPER.search(name) and _may_switch_modes(ctx, call, receiver):
             return True
         if isinstance(func, ast.Name) and any(
             _partial_eval(ctx, c) for fn in ctx.functions_named(func.id) for c in ctx.calls_within(fn)
         ):
             return True
     return False
+
+
+def _may_switch_modes(ctx: Context, call: ast.Call, receiver: str) -> bool:
+    """Whether a call named for norms or freezing may switch modes: not torch's own function or a gradient
+    clipping (``clip_grad_norm_``, ``F.normalize``, ``p.grad.norm(2)``), and, when its result is used, one that
+    is handed the model (``model = freeze_bn(model)``)."""
+    if (ctx.qualname(call.func) or "").startswith("torch.") or last_name(call.func) in _CLIPPING:
+        return False
+    root = receiver.split(".")[0]
+    return isinstance(ctx.parent(call), ast.Expr) or any(
+        isinstance(n, ast.Name) and n.id == root for n in ast.walk(call))
 
 
 def _partial_eval(ctx: Context, call: ast.Call) -> bool:
