@@ -744,3 +744,368 @@ def test_parts_in_eval_mode_with_nothing_else_mode_dependent_or_the_whole_model_
                    _READER.replace("        model.span.eval()", "        model.bert.eval()\n        model.span.eval()"),
                    _READER.replace(branches, "    model.span.eval()\n    model.eval()\n")):
         assert _codes({"reader.py": source}, "TW103") == [], source
+
+
+_MIXER = """
+import torch
+from torch import nn
+
+
+class MixerBlock(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.mix = nn.Conv1d(width, width, 1)
+        self.norm = {norm}
+
+    def forward(self, x):
+        return self.norm(torch.relu(self.mix(x)))
+
+
+class SeriesEncoder(nn.Module):
+    def __init__(self, width, depth):
+        super().__init__()
+        self.blocks = nn.ModuleList([MixerBlock(width) for _ in range(depth)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class Forecaster(nn.Module):
+    def __init__(self, width=16, depth=3, horizon=4):
+        super().__init__()
+        self.encoder = SeriesEncoder(width, depth)
+        self.projection = nn.Linear(width, horizon)
+{extra}
+    def forward(self, x):
+        return self.projection(self.encoder(x).mean(-1))
+"""
+
+
+_RUNNER = """
+import torch
+import torch.nn.functional as F
+
+
+class Runner:
+    def __init__(self, data, net, lr=1e-3):
+        self.net, self.data, self.lr = net, data, lr
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=lr)
+
+    def lock(self):
+        for w in self.net.parameters():
+            w.requires_grad = False
+        for w in self.net.projection.parameters():
+            w.requires_grad = True
+
+    def unlock(self):
+        for w in self.net.parameters():
+            w.requires_grad = True
+
+    def epoch(self):
+        self.net.train()
+        for x, y in self.data:
+            self.opt.zero_grad()
+            F.mse_loss(self.net(x), y).backward()
+            self.opt.step()
+
+    def run(self, epochs):
+        for _ in range(epochs):
+            self.epoch()
+
+    def probe(self, epochs):
+        {probe}
+"""
+
+
+_RESTORE = """
+import torch
+
+
+def restore(model, path, device="cpu"):
+    state = torch.load(path, map_location=device, weights_only=True)
+    model.load_state_dict(state)
+    model = model.to(device)
+    return model
+"""
+
+
+_PROBE = """
+from engine.runner import Runner
+from nets.mixer import Forecaster
+from utils.io import restore
+
+net = Forecaster(width=32)
+net = restore(net, "pretrained.pt")
+Runner(loader, net).probe(5)
+"""
+
+
+def _mixer_run(norm="nn.BatchNorm1d(width)", probe="self.lock()\n        self.run(epochs)", extra="",
+               script=_PROBE, restore=_RESTORE) -> dict[str, str]:
+    return {"nets/mixer.py": _MIXER.format(norm=norm, extra=extra), "engine/runner.py": _RUNNER.format(probe=probe),
+            "utils/io.py": restore, "probe.py": script}
+
+
+def test_a_runner_of_another_file_learns_what_its_model_holds_where_it_is_constructed():
+    assert _codes(_mixer_run(), "TW108") == [("engine/runner.py", 22)]
+    keyword = _PROBE.replace("Runner(loader, net)", "Runner(net=restore(Forecaster(), 'p.pt'), data=loader)")
+    assert _codes(_mixer_run(script=keyword), "TW108") == [("engine/runner.py", 22)]
+
+
+def test_a_loader_that_hands_its_argument_back_keeps_what_the_model_holds():
+    script = """
+import torch
+import torchvision
+from utils.io import restore
+
+model = torchvision.models.resnet50()
+model = restore(model, "imagenet.pt")
+for p in model.parameters():
+    p.requires_grad = False
+model.fc = torch.nn.Linear(2048, 5)
+optimizer = torch.optim.SGD(model.fc.parameters(), lr=0.01)
+for epoch in range(3):
+    model.train()
+    for x, y in loader:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+"""
+    assert _codes({"utils/io.py": _RESTORE, "finetune.py": script}, "TW108") == [("finetune.py", 13)]
+
+
+def test_a_runner_whose_model_has_no_batchnorm_keeps_eval_or_is_unknown_stays_silent():
+    kept = ("\n    def train(self, mode=True):\n        super().train(mode)\n        self.encoder.eval()\n"
+            "        return self\n")
+    fresh = _RESTORE.replace("    model = model.to(device)\n    return model\n",
+                             "    plain = torch.nn.Sequential(torch.nn.Conv1d(16, 16, 1), torch.nn.Linear(16, 4))\n"
+                             "    plain.load_state_dict(model.state_dict())\n    return plain\n")
+    unknown = _PROBE.replace("from nets.mixer import Forecaster", "from tsmodels import Forecaster")
+    unlocked = "self.lock()\n        self.unlock()\n        self.run(epochs)"
+    for run in (_mixer_run(norm="nn.LayerNorm(width)"), _mixer_run(extra=kept), _mixer_run(restore=fresh),
+                _mixer_run(script=unknown), _mixer_run(probe=unlocked)):
+        assert _codes(run, "TW108") == [], run
+
+
+def test_a_model_whose_class_of_another_file_keeps_its_frozen_part_in_eval_stays_silent():
+    nets = """
+import torch.nn as nn
+
+
+class Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
+        self.fc = nn.Linear(8, 2)
+
+    def freeze_trunk(self):
+        self.trunk.requires_grad_(False)
+{override}
+
+def make_tower():
+    tower = Tower()
+    return tower
+"""
+    override = ("\n    def train(self, mode=True):\n        super().train(mode)\n        self.trunk.eval()\n"
+                "        return self\n")
+    script = """
+import torch
+from nets import make_tower
+from loop import one_epoch
+
+model = make_tower()
+model.freeze_trunk()
+opt = torch.optim.SGD(model.fc.parameters(), lr=0.1)
+for epoch in range(3):
+    one_epoch(model, loader, opt)
+"""
+    loop = """
+import torch.nn.functional as F
+
+
+def one_epoch(net, batches, opt):
+    net.train()
+    for x, y in batches:
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+"""
+    run = {"nets.py": nets.format(override=""), "train.py": script, "loop.py": loop}
+    assert _codes(run, "TW108") == [("train.py", 7)]
+    run["nets.py"] = nets.format(override=override)
+    assert _codes(run, "TW108") == []
+
+
+_SPLIT_EPOCH = """    def epoch(self):
+        self.net.train()
+        self.each_batch()
+
+    def each_batch(self):
+        for x, y in self.data:
+            self.step(x, y)
+
+    def step(self, x, y):
+        self.opt.zero_grad()
+        {step}
+"""
+
+
+def test_a_train_call_followed_by_a_helper_whose_loop_trains_is_in_a_training_epoch():
+    run = _mixer_run()
+    epoch = run["engine/runner.py"]
+    start, end = epoch.index("    def epoch(self):"), epoch.index("    def run(self")
+    split = epoch[:start] + _SPLIT_EPOCH.format(step="F.mse_loss(self.net(x), y).backward()\n        self.opt.step()\n")
+    run["engine/runner.py"] = split + "\n" + epoch[end:]
+    assert _codes(run, "TW108") == [("engine/runner.py", 22)]
+    forward_only = epoch[:start] + _SPLIT_EPOCH.format(step="self.samples.append(self.net(x))\n")
+    run["engine/runner.py"] = forward_only + "\n" + epoch[end:]
+    assert _codes(run, "TW108") == []
+
+
+_CAPTIONER = """
+import torch
+from torch import nn
+from transformers import {encoder}
+
+
+class Captioner(nn.Module):
+    def __init__(self, vocab=1000):
+        super().__init__()
+        self.text = {encoder}.from_pretrained("{checkpoint}")
+        self.fuse = nn.Sequential(nn.Linear(768, 256), {drop}nn.GELU())
+        self.head = nn.Linear(256, vocab)
+
+    def forward(self, ids, feats):
+        return self.head(self.fuse(self.text(ids).last_hidden_state.mean(1) + feats))
+"""
+
+
+_CAPTION_TRAIN = """
+import torch
+from models import Captioner
+
+model = Captioner()
+for p in model.{part}.parameters():
+    p.requires_grad = False
+{evaluate}
+optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+for epoch in range(10):
+    model.train()
+    for ids, feats, target in loader:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(ids, feats), target).backward()
+        optimizer.step()
+"""
+
+
+def _captions(encoder="T5EncoderModel", checkpoint="google/flan-t5-base", drop="", part="text",
+              evaluate="model.text.eval()") -> dict[str, str]:
+    return {"models.py": _CAPTIONER.format(encoder=encoder, checkpoint=checkpoint, drop=drop),
+            "train.py": _CAPTION_TRAIN.format(part=part, evaluate=evaluate)}
+
+
+def test_a_frozen_part_put_in_eval_then_back_in_train_mode_runs_its_dropout():
+    assert _codes(_captions(), "TW108") == [("train.py", 11)]
+    assert _codes(_captions(encoder="BertModel", checkpoint="bert-base-uncased"), "TW108") == [("train.py", 11)]
+    fused = _captions(drop="nn.Dropout(0.2), ", part="fuse", evaluate="model.fuse.eval()")
+    assert _codes(fused, "TW108") == [("train.py", 11)]
+
+
+def test_a_frozen_part_put_in_eval_in_init_only_runs_its_dropout_after_train():
+    frozen_in_init = _CAPTIONER.format(encoder="T5EncoderModel", checkpoint="t5-small", drop="").replace(
+        "        self.head = nn.Linear(256, vocab)\n",
+        "        self.head = nn.Linear(256, vocab)\n        self.text.requires_grad_(False)\n"
+        "        self.text.eval()\n")
+    assert _codes({"models.py": frozen_in_init}, "TW108") == [("models.py", 14)]
+
+
+def test_a_frozen_part_without_dropout_or_never_put_in_eval_or_kept_in_eval_stays_silent():
+    kept = _captions()
+    kept["train.py"] = kept["train.py"].replace("    model.train()\n", "    model.train()\n    model.text.eval()\n")
+    for run in (_captions(encoder="CLIPTextModel", checkpoint="openai/clip-vit-base-patch32"),
+                _captions(evaluate=""), kept,
+                _captions(part="fuse", evaluate="model.fuse.eval()"),
+                _captions(drop="nn.Dropout(0.0), ", part="fuse", evaluate="model.fuse.eval()"),
+                _captions(encoder="FluxTransformer2DModel", checkpoint="flux")):
+        assert _codes(run, "TW108") == [], run
+
+
+_PREPARED = """
+import torch
+import torchvision
+from accelerate import Accelerator
+from helpers import freeze_bn
+
+accelerator = Accelerator()
+model = torchvision.models.resnet18(weights="DEFAULT")
+model.requires_grad_(False)
+model.fc = torch.nn.Linear(512, 3)
+optimizer = torch.optim.SGD(model.fc.parameters(), lr=0.1)
+model, optimizer, loader = {prepare}(model, optimizer, loader)
+for epoch in range(5):
+    model.train()
+    for x, y in loader:
+        optimizer.zero_grad()
+        accelerator.backward(torch.nn.functional.cross_entropy(model(x), y))
+        {clip}
+        grad_size = sum(p.grad.norm(2).item() for p in model.parameters() if p.grad is not None)
+        optimizer.step()
+"""
+
+
+def test_a_model_handed_back_by_accelerate_and_a_loop_that_clips_or_measures_norms_still_trains_batchnorm():
+    for clip in ("accelerator.clip_grad_norm_(model.parameters(), 1.0)",
+                 "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)"):
+        source = _PREPARED.format(prepare="accelerator.prepare", clip=clip)
+        assert _codes({"train.py": source}, "TW108") == [("train.py", 14)], clip
+    captions = _captions()
+    captions["train.py"] = captions["train.py"].replace(
+        "optimizer = torch.optim", "from accelerate import Accelerator\nacc = Accelerator()\noptimizer = torch.optim"
+    ).replace("for epoch in range(10):", "model, optimizer = acc.prepare(model, optimizer)\nfor epoch in range(10):")
+    assert _codes(captions, "TW108") == [("train.py", 14)]
+
+
+def test_a_model_handed_to_an_unknown_preparer_or_to_a_norm_helper_after_train_stays_silent():
+    unknown = _PREPARED.format(prepare="toolkit.prepare", clip="pass")
+    helper = _PREPARED.format(prepare="accelerator.prepare", clip="model = freeze_bn(model)")
+    captions = _captions()
+    captions["train.py"] = captions["train.py"].replace(
+        "for epoch in range(10):", "model, optimizer = toolkit.prepare(model, optimizer)\nfor epoch in range(10):")
+    for run in ({"train.py": unknown}, {"train.py": helper}, captions):
+        assert _codes(run, "TW108") == [], run
+
+
+def test_torch_init_functions_named_like_norms_do_not_keep_a_frozen_part_in_eval():
+    nets = """
+import torch.nn as nn
+
+
+class Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
+        self.fc = nn.Linear(8, 2)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out")
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0, 0.01)
+"""
+    script = """
+import torch
+from nets import Tower
+
+net = Tower()
+for p in net.trunk.parameters():
+    p.requires_grad = False
+opt = torch.optim.Adam([p for p in net.parameters() if p.requires_grad])
+for epoch in range(3):
+    net.train()
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+"""
+    assert _codes({"nets.py": nets, "train.py": script}, "TW108") == [("train.py", 10)]

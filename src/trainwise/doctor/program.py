@@ -133,7 +133,7 @@ class Program:
         self._resolved: dict[tuple[str, str], Symbol | None] = {}
         # (file, function) -> its calls from other files: (indexing order of the calling file, order of the call
         # there, calling file, line, column); sorted when read, since a file may be indexed after its turn
-        self._callers: dict[tuple[str, str], list[tuple[int, int, str, int, int]]] = {}
+        self._callers: dict[tuple[str, str], list[tuple[int, int, str, int, int, tuple[int, int]]]] = {}
         self._pending: dict[str, int] = {}  # files whose turn to be indexed came, not indexed yet: their turn
         self._turns = 0  # files given a turn to be indexed so far
         self._call_indexed: set[str] = set()  # files whose calls are in _callers
@@ -501,10 +501,10 @@ class Program:
         return text
 
     def callers(self, ctx: Context, fn: ast.AST) -> list[tuple[Context, ast.Call]]:
-        """The calls of ``fn`` (a module-level function of ``ctx``'s file) from the other files of the run,
-        each with its file's context (at most 64). Only the files whose import statements name the function or
-        its module are parsed for it (``_import_index``)."""
-        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or ctx.scope(fn) is not ctx.tree:
+        """The calls of ``fn`` (a module-level function or class of ``ctx``'s file: its constructions) from the
+        other files of the run, each with its file's context (at most 64). Only the files whose import
+        statements name the function or its module are parsed for it (``_import_index``)."""
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or ctx.scope(fn) is not ctx.tree:
             return []
         if not self._importers_indexed(ctx, fn.name):
             sealed = self._sealed_folder(ctx.path)
@@ -520,12 +520,13 @@ class Program:
         self._index_pending(ctx.path)
         sites = sorted(self._callers.get((ctx.path, fn.name), []))
         out = []
-        for _, _, path, line, column in sites[:_MAX_SITES]:
+        for _, _, path, line, column, end in sites[:_MAX_SITES]:
             other = self.context(path)
             if other is None:
                 continue
-            for call in other.nodes(ast.Call):
-                if call.lineno == line and call.col_offset == column:  # type: ignore[attr-defined]
+            for call in other.nodes(ast.Call):  # `Runner(net).fit()` starts where `Runner(net)` does: its end tells
+                if (call.lineno == line and call.col_offset == column  # type: ignore[attr-defined]
+                        and (call.end_lineno, call.end_col_offset) == end):  # type: ignore[attr-defined]
                     out.append((other, call))
                     break
         return out  # type: ignore[return-value]
@@ -685,8 +686,10 @@ class Program:
             symbol = self.resolve(ctx, func)
             if symbol is not None and symbol.name is not None and "." not in symbol.name:
                 info_there = self._info(symbol.path)
-                if info_there is not None and symbol.name in info_there.functions:
-                    site = (turn, order, path, call.lineno, call.col_offset)  # type: ignore[attr-defined]
+                if info_there is not None and (symbol.name in info_there.functions
+                                               or symbol.name in info_there.classes):
+                    site = (turn, order, path, call.lineno, call.col_offset,  # type: ignore[attr-defined]
+                            (call.end_lineno, call.end_col_offset))  # type: ignore[attr-defined]
                     self._callers.setdefault((symbol.path, symbol.name), []).append(site)
 
     def _may_be_local(self, path: str, name: str) -> bool:

@@ -21,6 +21,7 @@ from trainwise.doctor.context.modules import HEAD_WORD
 from trainwise.doctor.context.syntax import (
     Binding,
     argument,
+    bound_value,
     dotted,
     init_of,
     is_bound_method,
@@ -106,7 +107,8 @@ class Freezes:
                      if self.ctx.enclosing_class(b.stmt) is cls]
             if init is None or len(found) != 1 or self.ctx.scope(found[0].stmt) is not init:
                 return out
-            value = self.ctx.strip_moves(found[0].value) if found[0].value is not None else None
+            given = bound_value(found[0]) if found[0].kind == "assign" else None
+            value = self.ctx.strip_moves(given) if given is not None else None
             if not (isinstance(value, ast.Name) and is_param(init, value.id)):
                 return out
             fn, root, sites = init, value.id, self.ctx.constructions(cls)
@@ -578,6 +580,25 @@ class Freezes:
         """Children of the frozen part that are unfrozen again (``model.requires_grad_(False)`` then
         ``model.classifier.requires_grad_(True)``)."""
         return {m[len(path) + 1:].split(".")[0] for m in self._unfreezes(receiver) if m.startswith(path + ".")}
+
+    def put_in_eval(self, part: str, at: ast.AST) -> ast.Call | None:
+        """The ``part.eval()`` (or ``part.train(False)``, ``part.requires_grad_(False).eval()``) that runs before
+        ``at`` in its function or, for a variable of the script, at its top: the script's own word that the
+        frozen part belongs in eval mode."""
+        scope = self.ctx.scope(at)
+        root = part.split(".", 1)[0]
+        for call in self.ctx.nodes(ast.Call):
+            if not (method_call(call, "eval") and not call.args) and not (
+                    method_call(call, "train") and len(call.args) == 1 and is_const(call.args[0], False)):  # type: ignore[attr-defined]
+                continue
+            target = call.func.value  # type: ignore[attr-defined]
+            if method_call(target, "requires_grad_"):
+                target = target.func.value  # type: ignore[attr-defined]
+            there = self.ctx.scope(call)
+            if dotted(target) == part and position(call) < position(at) and (
+                    there is scope or (isinstance(there, ast.Module) and self._global(root, at))):
+                return call  # type: ignore[return-value]
+        return None
 
     def _local_class_of(self, receiver: str, at: ast.AST) -> ast.ClassDef | None:
         if "." in receiver:

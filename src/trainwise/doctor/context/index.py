@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from trainwise.doctor.context.syntax import (
     Binding,
+    bound_value,
     dotted,
     position,
 )
@@ -547,9 +548,10 @@ class FileIndex:
         for b in self.attr_bindings.get(f"self.{attr}", []):
             if self.enclosing_class(b.stmt) is not cls:
                 continue
-            if b.kind != "assign" or b.unpacked or b.value is None:
+            given = bound_value(b) if b.kind == "assign" else None
+            if given is None:
                 return None
-            value = self.strip_moves(b.value)
+            value = self.strip_moves(given)
             if dotted(value) != f"self.{attr}":
                 values.append(value)
         return values[0] if len(values) == 1 else None

@@ -13,8 +13,8 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from trainwise.doctor.context.syntax import argument, init_of, is_const, is_param, keyword, method_call
-from trainwise.doctor.context.values import Built, built_by
+from trainwise.doctor.context.syntax import argument, bound_value, init_of, is_const, is_param, keyword, method_call
+from trainwise.doctor.context.values import Built, built_by, given_to
 
 if TYPE_CHECKING:
     from trainwise.doctor.context import Context
@@ -61,26 +61,27 @@ class Norms:
                 return False
             if cls.name in self.ctx.module_classes:
                 return self.class_has_bn(cls, attrs, 0, None, excluded)
+            given = given_to(self.ctx, cls, attrs[0])
+            if given:  # a trainer's model: what its constructions, in this file or another, pass
+                return any(there.analysis(type(self)).value_has_bn(arg, attrs[1:], call, 1, excluded)
+                           for there, arg, call in given)
             value, attrs = self.ctx.self_value(cls, attrs[0]), attrs[1:]
-            init = init_of(cls)
-            if isinstance(value, ast.Name) and init is not None and is_param(init, value.id):
-                args = [(argument(init, value.id, c, method=True), c) for c in self.ctx.constructions(cls)[:_MAX_SITES]]
-                return any(a is not None and self.value_has_bn(a, attrs, c, 1, excluded) for a, c in args)
         else:
             value = self.ctx.value_of(ast.Name(id=root, ctx=ast.Load()), at)
             if value is None or not self.value_has_bn(value, attrs, at, 0, excluded):
                 return self._built_has_bn(built_by(self.ctx, ast.Name(id=root, ctx=ast.Load()), at), attrs, excluded)
         return value is not None and self.value_has_bn(value, attrs, at, 0, excluded)
 
-    def _built_has_bn(self, built: Built | None, attrs: list[str], excluded: set[str] | frozenset[str]) -> bool:
+    def _built_has_bn(self, built: Built | None, attrs: list[str], excluded: set[str] | frozenset[str],
+                      depth: int = 1) -> bool:
         """What builds the object (a factory, a registry, a class of another file: ``values.built_by``) holds
         BatchNorm at ``attrs``."""
         if built is None:
             return False
-        norms = built.ctx.analysis(Norms)
+        norms = built.ctx.analysis(type(self))
         if built.cls is not None:
-            return norms.class_has_bn(built.cls, attrs, 1, None, excluded)
-        return norms.value_has_bn(built.node, attrs, built.node, 1, excluded)
+            return norms.class_has_bn(built.cls, attrs, depth, None, excluded)
+        return norms.value_has_bn(built.node, attrs, built.node, depth, excluded)
 
     def value_has_bn(self, value: ast.AST, attrs: list[str], at: ast.AST, depth: int,
                       excluded: set[str] | frozenset[str] = frozenset()) -> bool:
@@ -90,6 +91,8 @@ class Norms:
             inner = self.ctx.value_of(value, at)
             if inner is not None and self.value_has_bn(inner, attrs, at, depth + 1, excluded):
                 return True
+            if inner is None and self._built_has_bn(built_by(self.ctx, value, at), attrs, excluded):
+                return True  # net = restore(Net(), path): what builds it, through the functions that hand it back
             return not attrs and not excluded and isinstance(inner, (ast.List, ast.Tuple)) and any(
                 self.value_has_bn(item, [], call, depth + 1) for call in self._added_to(value, at)
                 for item in call.args)  # layers = [stem]; layers.append(Block(...)); nn.Sequential(*layers)
@@ -124,14 +127,15 @@ class Norms:
             name = name.split("/")[-1].split(".")[0]
             return (not attrs and bool(_TIMM_BN.fullmatch(name)) and "_gn" not in name and "resnetv2" not in name
                     and all(HEAD_WORD.fullmatch(e) for e in excluded))
+        library = self._library_model(q, value, attrs)
+        if library is not None:
+            return library
         if q.startswith("torch.nn."):
             last = q.rsplit(".", 1)[1]
             if attrs or excluded:
                 return False
-            if _BN.fullmatch(last):
+            if self._layer(last, value):
                 return True
-            if _IN.fullmatch(last):
-                return is_const(getattr(keyword(value, "track_running_stats"), "value", None), True)
             if last in ("Sequential", "ModuleList"):
                 items = [a.value if isinstance(a, ast.Starred) else a for a in value.args]
                 items = [e for a in items for e in (a.elts if isinstance(a, (ast.List, ast.Tuple)) else [a])]
@@ -141,10 +145,27 @@ class Norms:
             cls = self.ctx.class_named(value.func.id, at)
             if cls is not None:
                 return self.class_has_bn(cls, attrs, depth, value, excluded)
+        built = built_by(self.ctx, value, at)  # restore(Net(), path): a function of the run that hands it back
+        if built is not None and built.node is not value and self._built_has_bn(built, attrs, excluded, depth + 1):
+            return True
+        if isinstance(value.func, ast.Name):
             helpers = [fn for fn in self.ctx.functions_named(value.func.id) if self.ctx.enclosing_class(fn) is None]
             if len(helpers) == 1 and not attrs and not excluded:  # make_layers(cfg): a builder of this file
                 return self.builds_bn(helpers[0], depth)
         return self._elsewhere_has_bn(value, attrs, depth, excluded)
+
+    def _layer(self, name: str, call: ast.Call) -> bool:
+        """Whether ``torch.nn.<name>(...)`` is a layer this question looks for: BatchNorm, or InstanceNorm that
+        tracks running statistics."""
+        if _BN.fullmatch(name):
+            return True
+        tracking = getattr(keyword(call, "track_running_stats"), "value", None)
+        return bool(_IN.fullmatch(name)) and is_const(tracking, True)
+
+    def _library_model(self, q: str, call: ast.Call, attrs: list[str]) -> bool | None:
+        """What a model of another library (``q``, the call's qualified name) holds, when this question knows
+        more of it than torchvision's and timm's BatchNorm (None: not known here)."""
+        return None
 
     def _elsewhere_has_bn(self, value: ast.Call, attrs: list[str], depth: int,
                           excluded: set[str] | frozenset[str]) -> bool:
@@ -154,10 +175,10 @@ class Norms:
             return False
         found = program.class_of(self.ctx, value.func)
         if found is not None:
-            return found[0].analysis(Norms).class_has_bn(found[1], attrs, depth + 1, None, excluded)
+            return found[0].analysis(type(self)).class_has_bn(found[1], attrs, depth + 1, None, excluded)
         callee = program.callee(self.ctx, value)
         if callee is not None and not attrs and not excluded:
-            return callee[0].analysis(Norms).builds_bn(callee[1], depth + 1)
+            return callee[0].analysis(type(self)).builds_bn(callee[1], depth + 1)
         return False
 
     def _added_to(self, name: ast.Name, at: ast.AST) -> list[ast.Call]:
@@ -207,9 +228,9 @@ class Norms:
                 ctor is not None and any(self.class_has_bn(cls, [n], depth, ctor) for n in sorted(names))
             )
         for b in self.ctx.attr_bindings.get(f"self.{attrs[0]}", []):
-            if self.ctx.scope(b.stmt) is not init or b.value is None or b.unpacked:
+            value: ast.AST | None = bound_value(b) if b.kind == "assign" else None
+            if self.ctx.scope(b.stmt) is not init or value is None:
                 continue
-            value: ast.AST | None = b.value
             where: ast.AST = b.stmt
             if isinstance(value, ast.Name) and is_param(init, value.id):
                 if ctor is None:
@@ -229,6 +250,42 @@ class Norms:
             found = self._builds[key] = any(self.value_has_bn(call, [], call, depth + 1)
                                             for call in self.ctx.calls_within(container))
         return found
+
+
+# Hugging Face classes whose released checkpoints keep dropout on (0.1) in training: T5 and its multilingual
+# variants, BERT and its family, BART, GPT-2 (CLIP, ViT, LLaMA and Whisper default to no dropout: left out).
+_HF_DROPOUT_CLASS = re.compile(r"(?:(?:U?M)?T5|Bert|Roberta|XLMRoberta|DistilBert|M?Bart|GPT2|Electra|Deberta(?:V2)?|"
+                               r"MPNet|Camembert)(?:Model|EncoderModel|LMHeadModel|For\w+)")
+_HF_DROPOUT_CHECKPOINT = re.compile(r"(?:flan-)?(?:u?m)?t5(?:-v1_1)?-\w+|(?:distil)?bert-\w+.*|(?:xlm-)?roberta-\w+.*|"
+                                    r"m?bart-\w+.*|gpt2(?:-\w+)?|electra-\w+.*|deberta-\w+.*|(?:all-)?mpnet-\w+.*")
+_DROPOUT = re.compile(r"(?:Alpha|FeatureAlpha)?Dropout(?:[123]d)?|Transformer(?:Encoder|Decoder)?(?:Layer)?")
+
+
+class ModeLayers(Norms):
+    """Which modules hold a layer whose forward depends on train/eval mode: BatchNorm (``Norms``) or dropout
+    with a rate that is not zero (``nn.Dropout``, torch's Transformer layers, Hugging Face text encoders whose
+    checkpoints train with dropout). One per file (``ctx.analysis(ModeLayers)``); every answer leans to "no"."""
+
+    def _layer(self, name: str, call: ast.Call) -> bool:
+        if super()._layer(name, call):
+            return True
+        if not _DROPOUT.fullmatch(name):
+            return False
+        rate = keyword(call, "dropout" if name.startswith("Transformer") else "p")
+        given = rate.value if rate is not None else (call.args[0] if call.args and "Dropout" in name else None)
+        return not (is_const(given, 0) or is_const(given, 0.0))
+
+    def _library_model(self, q: str, call: ast.Call, attrs: list[str]) -> bool | None:
+        parts = q.split(".")
+        if parts[0] != "transformers" or len(parts) < 2:
+            return None
+        if _HF_DROPOUT_CLASS.fullmatch(parts[1]):
+            return not attrs
+        if parts[1].startswith("Auto") and call.args:
+            name = self.ctx.constant(call.args[0])
+            return not attrs and isinstance(name, str) and bool(
+                _HF_DROPOUT_CHECKPOINT.fullmatch(name.rsplit("/", 1)[-1].lower()))
+        return False
 
 
 # Layers whose forward does not depend on train/eval mode (InstanceNorm normalises each sample by its own

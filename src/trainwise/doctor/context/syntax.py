@@ -46,6 +46,23 @@ class LoaderInfo:
     one_sample_per_batch: bool
     custom_sampling: bool  # sampler/batch_sampler/drop_last: len(loader.dataset) may not be the sample count
 
+def bound_value(binding: Binding) -> ast.expr | None:
+    """The expression an assignment gives its target: the value, or the matching element of a tuple assigned
+    to a tuple (``self.net, self.data = net, data``); None for another unpacking or no value."""
+    value = binding.value
+    if not binding.unpacked:
+        return value
+    if binding.index is None or not isinstance(value, (ast.Tuple, ast.List)):
+        return None
+    if any(isinstance(e, ast.Starred) for e in value.elts) or binding.index >= len(value.elts):
+        return None
+    targets = binding.stmt.targets if isinstance(binding.stmt, ast.Assign) else []
+    if not any(isinstance(t, (ast.Tuple, ast.List)) and len(t.elts) == len(value.elts)
+               and any(e is binding.target for e in t.elts) for t in targets):
+        return None
+    return value.elts[binding.index]
+
+
 def walk_own(nodes: Iterable[ast.AST]) -> Iterator[ast.AST]:
     """Every node in and below ``nodes``, nested function, lambda and class definitions excluded."""
     stack = list(nodes)

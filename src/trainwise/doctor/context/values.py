@@ -16,11 +16,25 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from trainwise.doctor.context.syntax import (
+    Binding,
+    argument,
+    bound_value,
+    init_of,
+    is_bound_method,
+    is_param,
+    method_call,
+)
+
 if TYPE_CHECKING:
     from trainwise.doctor.context import Context
 
 _DEPTH = 6  # names, factories and registries followed, at most
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_MAX_SITES = 32  # constructions of a class followed, at most
+# Where a factory was called: the caller's context, the call, the factory's context and function (whose parameters
+# hold the call's arguments).
+Site = tuple["Context", ast.Call, "Context", "ast.FunctionDef | ast.AsyncFunctionDef"]
 
 
 @dataclass(frozen=True)
@@ -36,12 +50,13 @@ class Built:
         return self.node if isinstance(self.node, ast.ClassDef) else None
 
 
-def built_by(ctx: Context, expr: ast.AST, at: ast.AST, depth: int = 0) -> Built | None:
-    """The class or outside call that builds the object ``expr`` holds at ``at`` (see the module docstring)."""
+def built_by(ctx: Context, expr: ast.AST, at: ast.AST, depth: int = 0, site: Site | None = None) -> Built | None:
+    """The class or outside call that builds the object ``expr`` holds at ``at`` (see the module docstring);
+    ``site``: ``at`` is in a function called there, whose parameters hold what the call passes."""
     if depth > _DEPTH:
         return None
     if isinstance(expr, ast.Name):
-        return _from_bindings(ctx, expr, at, depth)
+        return _from_bindings(ctx, expr, at, depth, site)
     if isinstance(expr, ast.Call):
         value = ctx.strip_moves(expr)
         if value is not expr:
@@ -69,24 +84,65 @@ def classes_built(ctx: Context, name: ast.Name, at: ast.AST) -> list[Built] | No
     return list(found.values()) or None
 
 
-def _from_bindings(ctx: Context, name: ast.Name, at: ast.AST, depth: int) -> Built | None:
+def _from_bindings(ctx: Context, name: ast.Name, at: ast.AST, depth: int, site: Site | None = None) -> Built | None:
     """Every assignment of the name must build the same thing (``if vit: model = R[k](a) else: model = R[k](b)``
-    both give the registry's class); a parameter, a loop variable or an unpacking is unknown."""
+    both give the registry's class); a parameter is what the ``site`` passes it (a loader that hands the model
+    back: ``def restore(model, path): ...; return model``), else unknown, as a loop variable or an unpacking."""
     found: Built | None = None
     bindings = ctx.lookup(name.id, at)
     if not bindings:
         return _imported(ctx, name, depth)
     for binding in bindings:
-        if binding.kind != "assign" or binding.unpacked or binding.value is None:
+        if binding.kind == "param" and site is not None and binding.stmt is site[3]:
+            built = _passed(site, name.id, depth)
+            if built is None or (found is not None and built.node is not found.node):
+                return None
+            found = built
+            continue
+        given = handed_back(ctx, binding)
+        if given is None:
             return None
-        value = ctx.strip_moves(binding.value)
+        value = ctx.strip_moves(given)
         if isinstance(value, ast.Name) and value.id == name.id:
-            continue  # model = model.cuda()
-        built = built_by(ctx, value, binding.stmt, depth + 1)
+            continue  # model = model.cuda(); model, opt = accelerator.prepare(model, opt)
+        built = built_by(ctx, value, binding.stmt, depth + 1, site)
         if built is None or (found is not None and (built.node is not found.node)):
             return None
         found = built
     return found
+
+
+def handed_back(ctx: Context, binding: Binding) -> ast.expr | None:
+    """The expression an assignment gives its target (``syntax.bound_value``), or, for ``model, opt =
+    accelerator.prepare(model, opt)``, the argument in its place: accelerate hands back what it is given (a
+    model wrapped for DDP holds the same modules)."""
+    if binding.kind != "assign":
+        return None
+    value = binding.value
+    if (binding.unpacked and binding.index is not None and isinstance(value, ast.Call) and method_call(value, "prepare")
+            and not value.keywords and binding.index < len(value.args)
+            and not any(isinstance(a, ast.Starred) for a in value.args) and _accelerator(ctx, value.func.value, value)):  # type: ignore[attr-defined]
+        return value.args[binding.index]
+    return bound_value(binding)
+
+
+def _accelerator(ctx: Context, expr: ast.expr, at: ast.AST) -> bool:
+    """Whether ``expr`` holds an ``accelerate.Accelerator``."""
+    value = ctx.value_of(expr, at) if isinstance(expr, ast.Name) else None
+    return isinstance(value, ast.Call) and ctx.qualname(value.func) == "accelerate.Accelerator"
+
+
+def _passed(site: Site, param: str, depth: int) -> Built | None:
+    """What builds the argument a call passes for ``param``: for a name, the assignment that reaches the call
+    (``model = restore(model, path)`` hands ``restore`` the model assigned before)."""
+    ctx, call, callee, fn = site
+    arg = argument(fn, param, call, method=is_bound_method(fn, callee.parent(fn)))
+    if isinstance(arg, ast.Name):
+        reaching = ctx.reaching(arg, call)
+        if len(reaching) == 1 and reaching[0].kind == "assign":
+            given = bound_value(reaching[0])
+            return None if given is None else built_by(ctx, ctx.strip_moves(given), reaching[0].stmt, depth + 1)
+    return None if arg is None else built_by(ctx, arg, call, depth + 1)
 
 
 def _imported(ctx: Context, name: ast.Name, depth: int) -> Built | None:
@@ -113,7 +169,7 @@ def _called(ctx: Context, func: ast.expr, call: ast.Call | None, at: ast.AST, de
             return Built(ctx, cls)
         local = [fn for fn in ctx.functions_named(func.id) if ctx.scope(fn) is ctx.tree]
         if len(local) == 1:
-            return _returned(ctx, local[0], depth)
+            return _returned(ctx, local[0], depth, None if call is None else (ctx, call, ctx, local[0]))
     program = ctx.program
     if program is not None and isinstance(func, (ast.Name, ast.Attribute)):
         symbol = program.resolve(ctx, func)
@@ -123,13 +179,16 @@ def _called(ctx: Context, func: ast.expr, call: ast.Call | None, at: ast.AST, de
                 return Built(found[0], found[1])
             function = program.function(symbol)
             if function is not None:
-                return _returned(function[0], function[1], depth)
+                site = None if call is None else (ctx, call, function[0], function[1])
+                return _returned(function[0], function[1], depth, site)
             return None  # something of the run this question does not follow
     return Built(ctx, call) if call is not None and ctx.qualname(func) is not None else None
 
 
-def _returned(ctx: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef, depth: int) -> Built | None:
-    """What a factory function returns, when every ``return`` of it (not of a nested function) agrees."""
+def _returned(ctx: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef, depth: int,
+              site: Site | None = None) -> Built | None:
+    """What a factory function returns, when every ``return`` of it (not of a nested function) agrees; with the
+    ``site`` it was called at, a parameter it returns is the argument passed there."""
     found: Built | None = None
     returns = [n for n in ast.walk(fn) if isinstance(n, ast.Return) and ctx.scope(n) is fn]
     if not returns:
@@ -137,7 +196,7 @@ def _returned(ctx: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef, depth: i
     for ret in returns:
         if ret.value is None:
             return None
-        built = built_by(ctx, ret.value, ret, depth + 1)
+        built = built_by(ctx, ret.value, ret, depth + 1, site)
         if built is None or (found is not None and built.node is not found.node):
             return None
         found = built
@@ -172,3 +231,40 @@ def _dict_literal(ctx: Context, name: ast.Name, at: ast.AST, depth: int) -> tupl
     if other is None or symbol is None or "." in (symbol.name or "."):
         return None
     return _dict_literal(other, ast.Name(id=symbol.name, ctx=ast.Load()), other.tree, depth + 1)  # type: ignore[arg-type]
+
+
+def given_to(ctx: Context, cls: ast.ClassDef, attr: str) -> list[tuple[Context, ast.expr, ast.Call]]:
+    """``(context, argument, construction)``: what each construction of ``cls``, in its file or another file of
+    the run, passes for the ``__init__`` parameter that ``self.<attr>`` holds (``self.model = model``, or
+    ``self.net, self.data = net, data``). Empty when ``self.<attr>`` is not such a parameter."""
+    init = init_of(cls)
+    value = ctx.self_value(cls, attr)
+    if init is None or not (isinstance(value, ast.Name) and is_param(init, value.id)):
+        return []
+    sites = [(ctx, call) for call in ctx.constructions(cls)]
+    if ctx.program is not None and ctx.scope(cls) is ctx.tree:
+        sites += ctx.program.callers(ctx, cls)
+    out = []
+    for there, call in sites[:_MAX_SITES]:
+        arg = argument(init, value.id, call, method=True)
+        if arg is not None:
+            out.append((there, arg, call))
+    return out
+
+
+def builders(ctx: Context, path: str, at: ast.AST) -> list[Built]:
+    """What builds the object at the root of the dotted ``path`` at ``at``: ``built_by`` of a plain name; for
+    ``self.<attr>`` in a class that is given it (a trainer's model), what each construction passes."""
+    root, _dot, rest = path.partition(".")
+    if root != "self":
+        built = built_by(ctx, ast.Name(id=root, ctx=ast.Load()), at)
+        return [] if built is None else [built]
+    cls = ctx.enclosing_class(at)
+    if cls is None or not rest:
+        return []
+    out = []
+    for there, arg, call in given_to(ctx, cls, rest.split(".")[0]):
+        built = built_by(there, arg, call)
+        if built is not None:
+            out.append(built)
+    return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import re
 from typing import TYPE_CHECKING, Any
 
 from trainwise.doctor.context import (
@@ -12,9 +11,7 @@ from trainwise.doctor.context import (
     dotted,
     init_of,
     is_bound_method,
-    is_const,
     is_param,
-    last_name,
     method_call,
     position,
     walk_own,
@@ -28,14 +25,15 @@ from trainwise.doctor.context.frameworks import (
 )
 from trainwise.doctor.context.freezes import Freezes, under
 from trainwise.doctor.context.functions import functions
-from trainwise.doctor.context.modules import Norms
+from trainwise.doctor.context.modes import class_keeps_eval, kept_in_eval, puts_in_eval, sets_train
+from trainwise.doctor.context.modules import ModeLayers, Norms
 from trainwise.doctor.rule import Rule
 
 if TYPE_CHECKING:
     from trainwise.doctor.program import Program, Symbol
 
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
-_NORM_HELPER = re.compile(r"bn|batch_?norm|norm|freeze|frozen", re.IGNORECASE)
+_DROPOUT_EFFECT = "its dropout is active again while it is frozen, so training sees other features than inference"
 
 
 class FrozenBatchnormInTrainMode(Rule):
@@ -50,7 +48,15 @@ class FrozenBatchnormInTrainMode(Rule):
     (and training there, or called once per epoch) is reported at the call, naming the `.train()` line and
     the line that freezes. A trainer class may freeze in one method (`self.freeze()`) and put the model in
     train mode in another that a method runs after the freeze (`linear_probe` calling `self.freeze()`, then
-    `self.fit(...)` which calls `self.one_epoch()`), with no unfreeze between. A `.train()` that puts back a
+    `self.fit(...)` which calls `self.one_epoch()`), with no unfreeze between; the model such a class is given is
+    learnt where the class is constructed, in any file of the run (`Learner(dls, model)` in `finetune.py`), also
+    through functions that hand the model back (`model = restore(model, path)`, `accelerator.prepare(model, ...)`),
+    and a helper called after the `.train()` whose loop trains (`self.all_batches()`) makes it a training epoch.
+
+    The same `.train()` undoes the script's own `.eval()` of a frozen part that has dropout instead
+    (`model.text_encoder.eval()` after freezing a T5 or BERT text encoder of the model, or a part of the run
+    that builds `nn.Dropout`): reported too, as the script said the part belongs in eval mode; a class that
+    freezes such a part and puts it in eval in `__init__` only is reported there. A `.train()` that puts back a
     saved mode (`was_training = model.training`, then `model.train(was_training)` or `if was_training:
     model.train()`) restores the caller's mode and is not reported.
 
@@ -90,7 +96,10 @@ class FrozenBatchnormInTrainMode(Rule):
     under `if flag:` whose flag is not a known true value, a freeze in a method that may not be called,
     children sliced past the BatchNorm ones), when the frozen part is unfrozen again (whole, or so far that
     what stays frozen has no BatchNorm: `efficientnet.requires_grad_(False)` then
-    `efficientnet.features.requires_grad_(True)`), when a module class of the file overrides `train()`, and
+    `efficientnet.features.requires_grad_(True)`), when a frozen part has dropout but the script never puts it in
+    eval itself (then its mode is a choice), when a module class of the file overrides `train()`, or the
+    model's own class (of any file of the run, through factories and registries) does or puts the frozen part
+    in eval in one of its methods, and
     when, after the `.train()`, the loop or function calls `.eval()` on the frozen part or on its
     `.modules()`, `model.apply(...)`, or a helper that does. A `.train()` run once with no training after it
     is not reported, nor a helper of another file that switches to train mode for one forward and back to eval
@@ -172,7 +181,7 @@ class FrozenBatchnormInTrainMode(Rule):
         if not (isinstance(func, ast.Attribute) and func.attr == "train"):
             self._through_other_file(node)
             return
-        if not _sets_train(node) or self.ctx.restores_mode(node):
+        if not sets_train(node) or self.ctx.restores_mode(node):
             return
         receiver = dotted(node.func.value)  # type: ignore[attr-defined]
         if receiver is None or not self.ctx.uses_torch() or self._overrides_train():
@@ -193,15 +202,25 @@ class FrozenBatchnormInTrainMode(Rule):
                     continue
             for part in parts:
                 local = receiver + part[len(path):] if under(part, path) else part
-                if (self.ctx.analysis(Norms).has_bn(part, at, self.freezes.unfrozen_below(part, path))
-                        and not _kept_in_eval(self.ctx, region, node, receiver, local)):
-                    self.report(
-                        node,
-                        f"`{receiver}.train()` puts the frozen `{local}` back in train mode: its BatchNorm layers "
-                        f"keep updating their running statistics; call `.eval()` on the frozen part (or its "
-                        f"BatchNorm modules) after `{receiver}.train()`, or freeze with trainwise.freeze",
-                    )
+                excluded = self.freezes.unfrozen_below(part, path)
+                norms = self.ctx.analysis(Norms).has_bn(part, at, excluded)
+                evaluated = None if norms else self.freezes.put_in_eval(part, at)
+                if not (norms or (evaluated is not None and self.ctx.analysis(ModeLayers).has_bn(part, at, excluded))):
+                    continue
+                if kept_in_eval(self.ctx, region, node, receiver, local) or class_keeps_eval(self.ctx, path, at, part):
+                    continue
+                if evaluated is not None:
+                    self.report(node, f"`{receiver}.train()` puts the frozen `{local}` back in train mode, undoing its "
+                                      f"`.eval()` on line {evaluated.lineno}: {_DROPOUT_EFFECT}; call `{local}.eval()` "
+                                      f"after `{receiver}.train()`")
                     return
+                self.report(
+                    node,
+                    f"`{receiver}.train()` puts the frozen `{local}` back in train mode: its BatchNorm layers "
+                    f"keep updating their running statistics; call `.eval()` on the frozen part (or its "
+                    f"BatchNorm modules) after `{receiver}.train()`, or freeze with trainwise.freeze",
+                )
+                return
 
 
     def _through_other_file(self, call: ast.Call) -> None:
@@ -230,7 +249,8 @@ class FrozenBatchnormInTrainMode(Rule):
             for part in self.freezes.frozen_parts(receiver, call):
                 there = param + rest + part[len(receiver):] if under(part, receiver) else part
                 if (not self.ctx.analysis(Norms).has_bn(part, call, self.freezes.unfrozen_below(part, receiver))
-                        or _kept_in_eval(callee, fn, train, param + rest, there)):
+                        or kept_in_eval(callee, fn, train, param + rest, there)
+                        or class_keeps_eval(self.ctx, receiver, call, part)):
                     continue
                 freeze = self.freezes.frozen_at[part]
                 if id(freeze) in self._reported_freezes:
@@ -271,7 +291,7 @@ class FrozenBatchnormInTrainMode(Rule):
                 continue
             if not self.ctx.analysis(Norms).has_bn(module, stmt, self.freezes.unfrozen_below(module, "self")):
                 continue
-            if any(_puts_in_eval(c, f, module, 0) for c, f in methods):
+            if any(puts_in_eval(c, f, module, 0) for c, f in methods):
                 continue
             program = self.ctx.program
             step_ctx, step = steps[0]
@@ -304,16 +324,20 @@ class FrozenBatchnormInTrainMode(Rule):
                 continue
             evals = [c for c in self.ctx.calls_within(init) if method_call(c, "eval") and not c.args
                      and dotted(c.func.value) == module]  # type: ignore[attr-defined]
-            if not evals or any(_puts_in_eval(self.ctx, f, module, 0) for f in methods if f is not init):
+            if not evals or any(puts_in_eval(self.ctx, f, module, 0) for f in methods if f is not init):
                 continue
-            if not self.ctx.analysis(Norms).has_bn(module, stmt, self.freezes.unfrozen_below(module, "self")):
+            excluded = self.freezes.unfrozen_below(module, "self")
+            norms = self.ctx.analysis(Norms).has_bn(module, stmt, excluded)
+            if not norms and not self.ctx.analysis(ModeLayers).has_bn(module, stmt, excluded):
                 continue
+            effect = ("its BatchNorm layers update their running statistics" if norms else
+                      _DROPOUT_EFFECT.replace("its dropout is", "its dropout is then"))
             self.report(
                 evals[0],
                 f"`{module}` is frozen and put in eval mode in `__init__` only: the first `.train()` of a "
-                f"`{node.name}` (every training loop and framework calls one) puts it back in train mode and its "
-                f"BatchNorm layers update their running statistics; override `train()` to keep `{module}` in "
-                f"eval mode, or freeze with trainwise.freeze",
+                f"`{node.name}` (every training loop and framework calls one) puts it back in train mode and "
+                f"{effect}; override `train()` to keep `{module}` in eval mode"
+                + (", or freeze with trainwise.freeze" if norms else ""),
             )
             return
 
@@ -339,14 +363,14 @@ class FrozenBatchnormInTrainMode(Rule):
                 local = receiver + part[len(path):] if under(part, path) else part
                 if not self.ctx.analysis(Norms).has_bn(part, at, self.freezes.unfrozen_below(part, path)):
                     continue
-                if self._class_keeps_eval(path, at, part[len(path) + 1:] if under(part, path) else None):
+                if class_keeps_eval(self.ctx, path, at, part):
                     continue
                 if kind == "lightning":
-                    kept = (_puts_in_eval(self.ctx, scope, local, 0, outer=receiver)
-                            or _kept_in_eval(self.ctx, scope, call, receiver, local))
+                    kept = (puts_in_eval(self.ctx, scope, local, 0, outer=receiver)
+                            or kept_in_eval(self.ctx, scope, call, receiver, local))
                     what = f"`{dotted(func) or 'Trainer(...).fit'}({receiver})` trains `{receiver}` in train mode"
                 else:
-                    kept = _kept_in_eval(self.ctx, scope, call, receiver, local)
+                    kept = kept_in_eval(self.ctx, scope, call, receiver, local)
                     what = f"the Hugging Face trainer calls `{receiver}.train()` at every training step"
                 if kept:
                     continue
@@ -362,19 +386,6 @@ class FrozenBatchnormInTrainMode(Rule):
         return True
 
 
-    def _class_keeps_eval(self, receiver: str, at: ast.AST, part: str | None) -> bool:
-        """Whether the class of ``receiver`` (of this file or another of the run) overrides ``train()``, puts
-        the frozen part in eval in one of its methods, or keeps its norm statistics training on purpose."""
-        found = None if "." in receiver else self.ctx.class_of_value(receiver, at)
-        if found is None:
-            return False
-        ctx, cls = found
-        chain = lightning_chain(ctx, cls) or [(ctx, cls)]
-        methods = [(c, f) for c, k in chain for f in k.body if isinstance(f, _FUNCS)]
-        if any(f.name == "train" for _c, f in methods) or deliberate(chain):
-            return True
-        return part is not None and any(_puts_in_eval(c, f, "self." + part, 0) for c, f in methods)
-
     # ----------------------------------------------------------------------------- where the model comes from
 
 
@@ -384,14 +395,23 @@ class FrozenBatchnormInTrainMode(Rule):
     # ------------------------------------------------------------------------------------------- silences
     def _training_follows(self, train: ast.Call) -> bool:
         """Whether a training loop (one that calls ``backward()`` or ``optimizer.step()``, itself or in a
-        helper) comes after the ``.train()`` in the same function or module."""
+        helper) comes after the ``.train()`` in the same function or module, or in a same-file helper called
+        after it (a trainer's ``self.model.train()`` then ``self.all_batches()``, whose loop trains)."""
         scope = self.ctx.scope(train)
         for tp in (ast.For, ast.AsyncFor, ast.While):
             for loop in self.ctx.nodes(tp):
                 if (position(loop) > position(train) and self.ctx.scope(loop) is scope
                         and self.ctx.reaches_call(loop, self._updates, depth=2)):
                     return True
-        return False
+        after = [c for c in self.ctx.calls_within(scope)
+                 if position(c) > position(train) and self.ctx.scope(c) is scope]
+        return any(self._trains_in_a_loop(fn) for call in after for fn in self.ctx.helpers_called(call, depth=2))
+
+    def _trains_in_a_loop(self, fn: ast.AST) -> bool:
+        """Whether a loop of the function's own body trains (``backward()``/``optimizer.step()``, itself or in a
+        helper)."""
+        return any(isinstance(n, (ast.For, ast.AsyncFor, ast.While))
+                   and self.ctx.reaches_call(n, self._updates, depth=2) for n in walk_own(getattr(fn, "body", [])))
 
     def _updates(self, call: ast.Call) -> bool:
         if method_call(call, "backward"):
@@ -407,98 +427,6 @@ class FrozenBatchnormInTrainMode(Rule):
         return False
 
 
-def _puts_in_eval(ctx: Context, fn: ast.AST, part: str, depth: int, outer: str | None = None) -> bool:
-    """Whether ``fn`` (a method, or a script's scope) puts ``part`` in eval: ``.eval()`` or ``.train(False)``
-    (or ``.train(flag)``) of the part, of a module inside it or around it (``self`` included, not ``outer``),
-    or of a ``.modules()`` loop variable; ``.apply(...)``; Lightning's ``freeze()`` (which ends in ``.eval()``);
-    a method of the class that does, or an unknown helper named for norms or freezing."""
-    for call in ctx.calls_within(fn):
-        if isinstance(fn, ast.Module) and not isinstance(ctx.scope(call), ast.Module):
-            continue  # a script: its own statements, not its classes' methods
-        func = call.func
-        if method_call(call, "eval") or (method_call(call, "train") and call.args and not _sets_train(call)):
-            target = dotted(func.value)  # type: ignore[attr-defined]
-            if target is None or (target != outer and (under(part, target) or under(target, part))):
-                return True
-            if isinstance(func.value, ast.Name) and any(  # type: ignore[attr-defined]
-                    b.kind == "for" for b in ctx.bindings_of(func.value)):  # type: ignore[attr-defined]
-                return True
-            continue
-        if method_call(call, "apply"):
-            return True
-        if method_call(call, "freeze") and not call.args:
-            target = dotted(func.value)  # type: ignore[attr-defined]
-            if target is not None and (under(part, target) or under(target, part)):
-                return True
-        name = last_name(func)
-        if name is None or not _NORM_HELPER.search(name) or not isinstance(ctx.parent(call), ast.Expr):
-            continue  # a helper's result used (``vgg19_bn(...)``, ``nn.BatchNorm2d(...)``): no switch of modes
-        if isinstance(func, ast.Attribute) and dotted(func.value) == "self":
-            cls = ctx.enclosing_class(fn) if not isinstance(fn, ast.ClassDef) else fn
-            own = [f for f in (cls.body if cls is not None else []) if isinstance(f, _FUNCS) and f.name == name]
-            if own:
-                if depth < 2 and any(_puts_in_eval(ctx, f, part, depth + 1, outer) for f in own):
-                    return True
-                continue
-        elif isinstance(func, ast.Name) and ctx.functions_named(name):
-            if depth < 2 and any(_puts_in_eval(ctx, f, part, depth + 1, outer) for f in ctx.functions_named(name)):
-                return True
-            continue
-        return True  # a helper of unknown body, named for norms or freezing: stay silent
-    return False
-
-
-def _kept_in_eval(ctx: Context, region: ast.AST, train: ast.Call, receiver: str, part: str) -> bool:
-    """Whether the loop (or function), after the ``.train()``, puts something back in eval mode (other
-    than switching the whole receiver to eval for validation) or calls a helper that may do so."""
-    after = [c for c in ctx.calls_within(region) if position(c) > position(train)]
-    for call in after:
-        func = call.func
-        if method_call(call, "eval"):
-            target = dotted(func.value)  # type: ignore[attr-defined]
-            if target is None:
-                return True  # unknown: stay silent
-            if target == receiver:
-                continue  # the whole model switched to eval for validation
-            outside = target.startswith(receiver + ".") and not (
-                target == part or target.startswith(part + ".") or part.startswith(target + ".")
-            )
-            if not outside:  # the frozen part, a part of it, or anything else (a .modules() loop variable)
-                return True
-            continue
-        if method_call(call, "train") and call.args and is_const(call.args[0], False):
-            return dotted(func.value) != receiver  # type: ignore[attr-defined]
-        if method_call(call, "apply"):
-            return True
-        name = last_name(func)
-        if name is not None and _NORM_HELPER.search(name):
-            return True
-        if isinstance(func, ast.Name) and any(
-            _partial_eval(ctx, c) for fn in ctx.functions_named(func.id) for c in ctx.calls_within(fn)
-        ):
-            return True
-    return False
-
-
-def _partial_eval(ctx: Context, call: ast.Call) -> bool:
-    """In a helper: ``.apply(...)``, or ``.eval()`` of a submodule or of a loop variable (``m.eval()`` over
-    ``.modules()``); a plain ``model.eval()`` (an evaluation helper) does not count."""
-    if method_call(call, "apply"):
-        return True
-    if not method_call(call, "eval"):
-        return False
-    target = call.func.value  # type: ignore[attr-defined]
-    if isinstance(target, ast.Attribute):
-        return True
-    return isinstance(target, ast.Name) and any(b.kind == "for" for b in ctx.bindings_of(target))
-
-
-def _sets_train(call: ast.Call) -> bool:
-    """``x.train()`` or ``x.train(True)``."""
-    return method_call(call, "train") and not call.keywords and (
-        not call.args or (len(call.args) == 1 and is_const(call.args[0], True)))
-
-
 def _trains_a_parameter(program: Program, symbol: Symbol) -> bool:
     """Whether the function ``symbol`` names calls ``.train()`` on one of its parameters."""
     found = program.function(symbol)
@@ -510,7 +438,7 @@ def _train_calls_on_parameters(ctx: Context, fn: ast.AST) -> list[tuple[ast.Call
     (``self`` left out): the modules it is given and puts in train mode."""
     out = []
     for node in walk_own(getattr(fn, "body", [])):
-        if isinstance(node, ast.Call) and _sets_train(node) and not ctx.restores_mode(node):
+        if isinstance(node, ast.Call) and sets_train(node) and not ctx.restores_mode(node):
             name = dotted(node.func.value)  # type: ignore[attr-defined]
             root, dot, rest = (name or "").partition(".")
             if name is not None and root not in ("self", "cls") and is_param(fn, root):
@@ -521,7 +449,7 @@ def _train_calls_on_parameters(ctx: Context, fn: ast.AST) -> list[tuple[ast.Call
 def _restores(ctx: Context, fn: ast.AST, train: ast.Call, receiver: str) -> bool:
     """Whether the function, after ``train``, sets ``receiver``'s mode again (``.eval()``, ``.train(was)``)."""
     return any(method_call(c, "eval", "train") and c is not train and position(c) > position(train)
-               and dotted(c.func.value) == receiver and not _sets_train(c)  # type: ignore[attr-defined]
+               and dotted(c.func.value) == receiver and not sets_train(c)  # type: ignore[attr-defined]
                for c in ctx.calls_within(fn))
 
 
