@@ -145,6 +145,10 @@ class GraphKeptAcrossIterations(Rule):
         empty for an object a library built (``torchmetrics.MeanMetric()``), for a module or an optimizer, and
         for a method of ``self`` that its own class does not define (inherited from a library)."""
         ctx = self.ctx
+        program = ctx.program
+        kept = program.kept_arguments(ctx, func.attr) if program is not None else ctx.kept_arguments_here(func.attr)
+        if not kept or "-" in kept:
+            return []  # asked first: no method of that name keeps an argument, the common case
         receiver = func.value
         if ctx.is_module(receiver) or ctx.is_optimizer(receiver) or ctx.qualname(func) is not None:
             return []
@@ -154,13 +158,9 @@ class GraphKeptAcrossIterations(Rule):
                                       for f in cls.body):
                 return []
         bindings = ctx.bindings_of(receiver, call) if isinstance(receiver, (ast.Name, ast.Attribute)) else []
-        program = ctx.program
         if any(b.kind == "assign" and isinstance(b.value, ast.Call) and ctx.qualname(b.value.func) is not None
                and (program is None or program.resolve(ctx, b.value.func) is None) for b in bindings):
             return []  # built by a library
-        kept = program.kept_arguments(ctx, func.attr) if program is not None else ctx.kept_arguments_here(func.attr)
-        if not kept or "-" in kept:
-            return []
         every = set.intersection(*(set(k.split(",")) for k in kept))
         return sorted(int(i) for i in every if int(i) < len(call.args))
 
