@@ -24,7 +24,10 @@ same-file function it calls, or read a block's statements in order:
   any file of the run; ``started_functions(ctx, call)``: the functions ``mp.spawn(f, ...)`` or
   ``Process(target=f)`` runs in new processes (TW202).
 
-Built lazily, once per ``Context`` (a weak table, so nothing outlives the file); every answer leans towards
+The evaluation questions that follow calls across functions and files (a function entered with its model
+already in eval mode, inference methods of a non-module class) live in :mod:`.evaluation`.
+
+Built lazily, once per ``Context`` (``ctx.analysis``, kept with the file); every answer leans towards
 "unknown" (``None``) or towards silence, as the context does. No torch import, no recursion over the tree.
 """
 
@@ -114,8 +117,6 @@ class Functions:
         self._flows: dict[int, tuple[set[int], set[str]]] = {}
         self._eval_loops: list[EvalLoop] | None = None
         self._inference_loops: list[tuple[ast.AST, tuple[ast.Call, ...]]] | None = None
-        self._entered_in_eval: list[tuple[ast.AST, tuple[ast.Call, ...]]] | None = None
-        self._inference_methods: list[tuple[ast.AST, tuple[ast.Call, ...]]] | None = None
         self._switches: dict[int, list[Switch]] = {}
 
     # ------------------------------------------------------------------------------------- call resolution
@@ -217,11 +218,12 @@ class Functions:
         """Whether code in ``container`` or a same-file function it calls computes, applies or clears
         gradients: ``backward()``, ``optimizer.step()``, ``zero_grad()``, ``torch.autograd.grad``,
         ``requires_grad_()``, ``enable_grad()``, an assignment to ``.requires_grad``."""
-        if self._trains_here(container):
+        if self.trains_here(container):
             return True
-        return any(self._trains_here(r.function) for r in self.reached(container, depth))
+        return any(self.trains_here(r.function) for r in self.reached(container, depth))
 
-    def _trains_here(self, container: ast.AST) -> bool:
+    def trains_here(self, container: ast.AST) -> bool:
+        """Whether code in ``container`` itself (no call followed) trains; cached per container."""
         key = id(container)
         cached = self._trains.get(key)
         if cached is None:
@@ -320,124 +322,18 @@ class Functions:
             return found
         for statements in self._statement_lists():
             for i, stmt in enumerate(statements):
-                model = self._eval_marker(stmt)
+                model = self.eval_marker(stmt)
                 if model is None:
                     continue
                 for later in statements[i + 1:]:
-                    if self._sets_train_mode(later, model) or self._eval_marker(later) == model:
+                    if self.sets_train_mode(later, model) or self.eval_marker(later) == model:
                         break  # back to training, or a new marker of the same model that takes over
-                    for loop in _outer_loops(later):
-                        calls = tuple(c for c in self._model_calls(loop) if _same_or_below(dotted(c.func), model))
+                    for loop in outer_loops(later):
+                        calls = tuple(c for c in self.model_calls(loop) if _same_or_below(dotted(c.func), model))
                         if calls:
                             found.append(EvalLoop(stmt, model, loop, calls))
         self._eval_loops = found
         return found
-
-    def loops_entered_in_eval(self) -> list[tuple[ast.AST, tuple[ast.Call, ...]]]:
-        """The outer loops of a module-level function that run a module it takes as a parameter, when every
-        call of the function (from this file or another of the run) passes a module its caller put in eval mode
-        before, in the same block or one around it (``model.eval()``, then ``evaluate_valid(model, data)``): an
-        evaluation whatever the function's name."""
-        if self._entered_in_eval is not None:
-            return self._entered_in_eval
-        found: list[tuple[ast.AST, tuple[ast.Call, ...]]] = []
-        self._entered_in_eval = found
-        for fn in self.ctx.tree.body:
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            loops = [(loop, calls) for stmt in fn.body for loop in _outer_loops(stmt)
-                     if (calls := self._forwards_of_parameters(fn, loop))]
-            if loops and self._entered_in_eval_mode(fn, {dotted(c.func).split(".")[0]  # type: ignore[union-attr]
-                                                         for _, calls in loops for c in calls}):
-                found += loops
-        return found
-
-    def _forwards_of_parameters(self, fn: ast.FunctionDef | ast.AsyncFunctionDef,
-                               loop: ast.AST) -> tuple[ast.Call, ...]:
-        """The model calls of ``loop`` whose module is a parameter of ``fn`` or a part of one."""
-        return tuple(c for c in self._model_calls(loop)
-                     if is_param(fn, (dotted(c.func) or ".").split(".")[0]))  # type: ignore[attr-defined]
-
-    def _entered_in_eval_mode(self, fn: ast.FunctionDef | ast.AsyncFunctionDef, params: set[str]) -> bool:
-        """Whether ``fn`` has calls and each passes, for every parameter in ``params``, a module its caller put
-        in eval mode before the call (see :meth:`in_eval_mode`)."""
-        sites: list[tuple[Context, ast.Call]] = [(self.ctx, c) for c in self.ctx.call_sites(fn)
-                                                 if isinstance(c.func, ast.Name)]
-        program = self.ctx.program
-        if program is not None:
-            sites += program.callers(self.ctx, fn)
-        if not sites:
-            return False
-        for ctx, site in sites:
-            for param in params:
-                value = argument(fn, param, site)
-                name = dotted(value) if value is not None else None
-                if name is None or not functions(ctx).in_eval_mode(site, name):
-                    return False
-        return True
-
-    def in_eval_mode(self, at: ast.AST, model: str) -> bool:
-        """Whether ``model`` was put in eval mode before the statement holding ``at``: a ``model.eval()`` of
-        the same block or of a block around it (within the function), with no ``.train()`` of it in between."""
-        child: ast.AST = at
-        for parent in self.ctx.ancestors(at):
-            if isinstance(child, ast.stmt):
-                for statements in _blocks_of(parent):
-                    if not any(s is child for s in statements):
-                        continue
-                    for earlier in reversed(statements[:next(i for i, s in enumerate(statements) if s is child)]):
-                        if self._eval_marker(earlier) == model:
-                            return True
-                        if self._sets_train_mode(earlier, model):
-                            return False
-            if isinstance(parent, (*DEFINITIONS, ast.Lambda)):
-                return False
-            child = parent
-        return False
-
-    def inference_methods(self) -> list[tuple[ast.AST, tuple[ast.Call, ...]]]:
-        """Methods of a class that is no module (a planner, a predictor, an agent wrapper) that run a model the
-        class puts in eval mode and never back in train mode, in a file that trains nothing, when no file of the
-        project that trains calls a method of that name: each call records a graph nothing uses."""
-        if self._inference_methods is not None:
-            return self._inference_methods
-        found: list[tuple[ast.AST, tuple[ast.Call, ...]]] = []
-        self._inference_methods = found
-        if self._trains_here(self.ctx.tree):
-            return found
-        for cls in self.ctx.nodes(ast.ClassDef):
-            if self.ctx.is_module_class(cls):  # type: ignore[arg-type]
-                continue
-            methods = [f for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]  # type: ignore[attr-defined]
-            switched = [(dotted(_unchain(c.func.value)), is_eval_call(c)) for m in methods for c in walk_own(m.body)
-                        if isinstance(c, ast.Call) and method_call(c, "eval", "train")]
-            models = {name for name, to_eval in switched if to_eval and name and name.startswith("self.")}
-            models -= {name for name, to_eval in switched if not to_eval}
-            if not models:
-                continue
-            for method in methods:
-                if method.name.startswith("__"):
-                    continue
-                calls = tuple(c for c in self._model_calls(method)
-                              if any(_same_or_below(dotted(c.func), m) for m in models))
-                if calls and not self._trained_through(method.name):
-                    found.append((method, calls))
-        return found
-
-    def _trained_through(self, name: str) -> bool:
-        """Whether a file of the project that trains (or this one) calls a method called ``name``: its result
-        may be differentiated there (a frozen critic's score in a loss, CLIP guidance)."""
-        program = self.ctx.program
-        if program is None:
-            return False
-        here = self.ctx.path
-
-        def training_callers(ctx: Context) -> list[str]:
-            trains = functions(ctx)._trains_here(ctx.tree)
-            return [ctx.path] if trains and ctx.calls_named(name) else []
-
-        return any(program.same_project(path, here)
-                   for path in program.gather(f"trains, calls {name}", training_callers, needles=(name,)))
 
     def inference_loops(self) -> list[tuple[ast.AST, tuple[ast.Call, ...]]]:
         """The data loops of a script that never trains, with the model calls each runs: the file computes,
@@ -450,7 +346,7 @@ class Functions:
         found: list[tuple[ast.AST, tuple[ast.Call, ...]]] = []
         self._inference_loops = found
         tree = self.ctx.tree
-        if self._trains_here(tree):
+        if self.trains_here(tree):
             return found
         scopes: list[ast.AST] = [tree]
         frontier: list[ast.AST] = [tree]
@@ -465,7 +361,7 @@ class Functions:
                 if not isinstance(loop, _LOOPS) or any(self.ctx.is_inside(loop, t) for t in taken):
                     continue
                 if self.ctx.iterates_over_data(loop):
-                    calls = self._model_calls(loop)
+                    calls = self.model_calls(loop)
                     if calls:
                         taken.append(loop)
                         found.append((loop, tuple(calls)))
@@ -495,17 +391,17 @@ class Functions:
     def _statement_lists(self) -> Iterator[list[ast.stmt]]:
         stack: list[ast.AST] = [self.ctx.tree]
         while stack:
-            for statements in _blocks_of(stack.pop()):
+            for statements in blocks_of(stack.pop()):
                 yield statements
                 stack.extend(statements)
 
-    def _eval_marker(self, stmt: ast.stmt) -> str | None:
+    def eval_marker(self, stmt: ast.stmt) -> str | None:
         """``model.eval()`` / ``model.train(False)`` as a statement, or ``model = <chain>.eval()``: the model."""
         if isinstance(stmt, ast.Expr):
             call = stmt.value
             while isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
                 if is_eval_call(call):
-                    receiver = _unchain(call.func.value)
+                    receiver = unchain(call.func.value)
                     name = dotted(receiver)
                     if name is not None and self.ctx.is_module(receiver):
                         return name
@@ -527,15 +423,17 @@ class Functions:
                 value = value.func.value
         return None
 
-    def _sets_train_mode(self, stmt: ast.stmt, model: str) -> bool:
+    def sets_train_mode(self, stmt: ast.stmt, model: str) -> bool:
+        """Whether ``stmt`` puts ``model``, a part of it, a module around it or an unknown one back in train mode."""
         for node in walk_own([stmt]):
             if method_call(node, "train") and not is_eval_call(node):  # type: ignore[arg-type]
-                name = dotted(_unchain(node.func.value))  # type: ignore[attr-defined]
+                name = dotted(unchain(node.func.value))  # type: ignore[attr-defined]
                 if name is None or _same_or_below(model, name) or _same_or_below(name, model):
                     return True
         return False
 
-    def _model_calls(self, region: ast.AST) -> list[ast.Call]:
+    def model_calls(self, region: ast.AST) -> list[ast.Call]:
+        """The calls of a model (not of a loss) in ``region``, functions defined there excluded."""
         return [n for n in walk_own(ast.iter_child_nodes(region))
                 if isinstance(n, ast.Call) and dotted(n.func) is not None and self.ctx.is_model_call(n)
                 and not self.ctx.is_loss_call(n)]
@@ -562,7 +460,7 @@ class Functions:
         found: set[str] = set()
         for node in ast.walk(expr):
             if method_call(node, "parameters", "named_parameters"):
-                name = dotted(_unchain(node.func.value))  # type: ignore[attr-defined]
+                name = dotted(unchain(node.func.value))  # type: ignore[attr-defined]
                 if name is None:
                     return None
                 found.add(name)
@@ -720,14 +618,14 @@ def is_eval_call(call: ast.AST) -> bool:
     return False
 
 
-def _unchain(node: ast.AST) -> ast.AST:
+def unchain(node: ast.AST) -> ast.AST:
     """``model.to(device).eval()`` -> ``model``: strip calls of methods that return the module."""
     while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CHAINABLE:
         node = node.func.value
     return node
 
 
-def _blocks_of(node: ast.AST) -> Iterator[list[ast.stmt]]:
+def blocks_of(node: ast.AST) -> Iterator[list[ast.stmt]]:
     """The statement lists directly under ``node`` (a body, an ``else``, handlers' and cases' bodies)."""
     for name in _STATEMENT_LISTS:
         value = getattr(node, name, None)
@@ -737,7 +635,7 @@ def _blocks_of(node: ast.AST) -> Iterator[list[ast.stmt]]:
         yield holder.body
 
 
-def _outer_loops(stmt: ast.stmt) -> list[ast.AST]:
+def outer_loops(stmt: ast.stmt) -> list[ast.AST]:
     """The outermost loops (``for``/``while``, or a comprehension's expression) in a statement."""
     found: list[ast.AST] = []
     stack: list[ast.AST] = [stmt]

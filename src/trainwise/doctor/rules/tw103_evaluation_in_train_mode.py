@@ -17,6 +17,7 @@ from trainwise.doctor.context import (
     position,
     walk_own,
 )
+from trainwise.doctor.context.evaluation import evaluation
 from trainwise.doctor.context.functions import functions, reaches_call
 from trainwise.doctor.context.modules import assigns_in_init, mode_dependent_parts, mode_free_class
 from trainwise.doctor.context.values import Built, classes_built
@@ -240,7 +241,7 @@ class EvaluationInTrainMode(Rule):
         found: list[Built] = []
         for ctx, site in sites:
             passed = argument(fn, model.id, site)  # type: ignore[arg-type]
-            if not isinstance(passed, ast.Name) or functions(ctx).in_eval_mode(site, passed.id):
+            if not isinstance(passed, ast.Name) or evaluation(ctx).in_eval_mode(site, passed.id):
                 return None
             more = classes_built(ctx, passed, site)
             if more is None:

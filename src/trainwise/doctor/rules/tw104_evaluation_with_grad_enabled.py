@@ -6,6 +6,7 @@ import ast
 from typing import Any
 
 from trainwise.doctor.context import Context, dotted, is_const, last_name, method_call, position, walk_own
+from trainwise.doctor.context.evaluation import evaluation
 from trainwise.doctor.context.functions import functions, is_eval_call, same_or_below
 from trainwise.doctor.rule import Rule
 
@@ -149,12 +150,12 @@ class EvaluationWithGradEnabled(Rule):
                 if calls and not self._hook(found.loop):
                     regions.append((found.loop, calls))
                     covered.update(id(c) for c in calls)
-            for loop, loop_calls in summaries.loops_entered_in_eval():
+            for loop, loop_calls in evaluation(self.ctx).loops_entered_in_eval():
                 calls = [c for c in loop_calls if id(c) not in covered]
                 if calls and not self._hook(loop):
                     regions.append((loop, calls))
                     covered.update(id(c) for c in calls)
-            for method, method_calls in summaries.inference_methods():
+            for method, method_calls in evaluation(self.ctx).inference_methods():
                 calls = [c for c in method_calls if id(c) not in covered]
                 if calls:
                     regions.append((method, calls))
