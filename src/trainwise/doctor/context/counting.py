@@ -80,6 +80,20 @@ class Counting:
             self._memo[key] = self._batches(expr, at, 0)
         return self._memo[key]
 
+    @staticmethod
+    def same_loader(a: ast.AST | None, b: ast.AST) -> bool:
+        """The same loader expression, or the same dotted name."""
+        return a is not None and (a is b or (dotted(a) is not None and dotted(a) == dotted(b)))
+
+    def different_loaders(self, a: ast.AST, b: ast.AST) -> bool:
+        """Two loaders known apart: different names, each a parameter or built by a call, neither another name
+        for the other (``loader = val_loader``)."""
+        names = (dotted(a), dotted(b))
+        if None in names or names[0] == names[1]:
+            return False
+        return all(binding.kind == "param" or (binding.kind == "assign" and isinstance(binding.value, ast.Call))
+                   for expr in (a, b) for binding in self.ctx.bindings_of(expr))
+
     def counters_of(self, loop: ast.AST, at: ast.AST) -> list[str]:
         """The names, read at ``at``, that count the batches of ``loop`` exactly (``n_val += 1`` once a batch)."""
         found = []

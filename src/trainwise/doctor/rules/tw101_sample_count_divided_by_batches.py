@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from trainwise.doctor.context import Binding, Context, dotted, is_const, last_name, method_call
+from trainwise.doctor.context import Binding, dotted, is_const, last_name, method_call
 from trainwise.doctor.context.counting import BatchCount, counting, is_zero_binding
 from trainwise.doctor.rule import FixAvailability, Rule
 
@@ -122,7 +122,7 @@ class SampleCountDividedByBatches(Rule):
         summed = counting(self.ctx).loop_loader(loop)
         if summed is None:
             return
-        here = count.loop is loop or (count.loop is None and _same_loader(count.loader, summed[0]))
+        here = count.loop is loop or (count.loop is None and counting(self.ctx).same_loader(count.loader, summed[0]))
         total = _short(self.ctx.segment(numerator) or "the total")
         divisor = _short(self.ctx.segment(_strip_casts(denominator)) or "it")
         loader = self.ctx.segment(summed[0]) or "loader"
@@ -145,7 +145,8 @@ class SampleCountDividedByBatches(Rule):
             return False
         if self.ctx.is_inside(count.loop, loop) or self.ctx.is_inside(loop, count.loop):
             return False
-        return _different_loaders(self.ctx, count.loader, loader) and bool(counting(self.ctx).counters_of(loop, at))
+        counts = counting(self.ctx)
+        return counts.different_loaders(count.loader, loader) and bool(counts.counters_of(loop, at))
 
     def _sample_count(self, node: ast.AST, numerator: ast.AST, denominator: ast.AST, count: BatchCount) -> bool:
         """A per-sample sum divided by an exact count of batches: reported; whether it was."""
@@ -290,22 +291,6 @@ class SampleCountDividedByBatches(Rule):
             return expr.value.attr == "shape" and is_const(expr.slice, 0)
         name = last_name(expr)
         return name is not None and (name in _BATCH_SIZE_NAMES or name.endswith("batch_size"))
-
-
-def _same_loader(a: ast.AST | None, b: ast.AST) -> bool:
-    return a is not None and (a is b or (dotted(a) is not None and dotted(a) == dotted(b)))
-
-
-def _different_loaders(ctx: Context, a: ast.AST, b: ast.AST) -> bool:
-    """Two loaders known apart: different names, neither bound as another name (``loader = val_loader``)."""
-    names = (dotted(a), dotted(b))
-    if None in names or names[0] == names[1]:
-        return False
-    for expr in (a, b):
-        for binding in ctx.bindings_of(expr):
-            if binding.kind != "param" and not (binding.kind == "assign" and isinstance(binding.value, ast.Call)):
-                return False
-    return True
 
 
 def _strip_casts(expr: ast.AST) -> ast.AST:
