@@ -3,7 +3,10 @@
 A training script counts things in a few ways: ``n_batches = len(val_dl)``, ``total += 1`` once per batch of a
 loader, ``total += labels.size(0)``, ``for i, batch in enumerate(loader)`` then ``i + 1``, ``ntokens +=
 mask.sum()``. ``counting(ctx).kind(expr, at)`` says which of ``"batches"``, ``"samples"`` and ``"tokens"`` an
-expression counts; ``batches(expr, at)`` says how it counts batches (of which loader, through which variable).
+expression counts; ``batches(expr, at)`` says how it counts batches (of which loader, through which variable);
+``count(expr, at)`` says the same of a count off by a constant (``len(loader) + 1``, a counter started at 1, the
+``enumerate`` index read after its loop: one batch short); ``summed_over(expr, at)`` says which loop over a loader
+a total adds one term to each time round.
 
 Like the rest of the doctor it leans towards "unknown" when unsure: a counter incremented under an ``if``, in
 a nested loop, or bound once to something else counts nothing known.
@@ -12,7 +15,7 @@ a nested loop, or bound once to something else counts nothing known.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainwise.doctor.context import Context, LoaderInfo, dotted, is_const, last_name, method_call
 
@@ -36,6 +39,8 @@ class BatchCount:
     holding ``len(loader)``), ``"counter"`` (a variable incremented by one once per batch of ``loop``),
     ``"index"`` (``i + 1`` for ``i`` the index of ``enumerate(loader)``) or ``"computed"`` (``len(data) //
     batch_size``, ``math.ceil(len(data) / batch_size)``). ``loader`` is the loader's expression when known.
+    ``offset`` is what the expression adds to the number of batches: 1 for ``len(loader) + 1`` or a counter
+    started at 1, -1 for the index of ``enumerate(loader)`` (it ends one short).
     """
 
     how: str
@@ -43,6 +48,7 @@ class BatchCount:
     info: LoaderInfo | None
     name: str | None = None  # the variable that holds the count, for "alias", "counter" and "index"
     loop: ast.AST | None = None  # the loop over the loader, for "counter" and "index"
+    offset: int = 0
 
 
 class Counting:
@@ -62,12 +68,63 @@ class Counting:
 
     def batches(self, expr: ast.AST, at: ast.AST | None = None) -> BatchCount | None:
         """How ``expr`` counts the batches of a loader (whose batches hold more than one sample), else None."""
+        found = self.count(expr, at)
+        return found if found is not None and found.offset == 0 else None
+
+    def count(self, expr: ast.AST, at: ast.AST | None = None) -> BatchCount | None:
+        """Like ``batches``, also for a count off by a constant number of batches (its ``offset``)."""
         at = expr if at is None else at
         key = (id(expr), id(at))
         if key not in self._memo:
             self._memo[key] = None  # a cycle (n = n + 1 read through itself) ends as "unknown"
             self._memo[key] = self._batches(expr, at, 0)
         return self._memo[key]
+
+    @staticmethod
+    def same_loader(a: ast.AST | None, b: ast.AST) -> bool:
+        """The same loader expression, or the same dotted name."""
+        return a is not None and (a is b or (dotted(a) is not None and dotted(a) == dotted(b)))
+
+    def different_loaders(self, a: ast.AST, b: ast.AST) -> bool:
+        """Two loaders known apart: different names, each a parameter or built by a call, neither another name
+        for the other (``loader = val_loader``)."""
+        names = (dotted(a), dotted(b))
+        if None in names or names[0] == names[1]:
+            return False
+        return all(binding.kind == "param" or (binding.kind == "assign" and isinstance(binding.value, ast.Call))
+                   for expr in (a, b) for binding in self.ctx.bindings_of(expr))
+
+    def counters_of(self, loop: ast.AST, at: ast.AST) -> list[str]:
+        """The names, read at ``at``, that count the batches of ``loop`` exactly (``n_val += 1`` once a batch)."""
+        found = []
+        for stmt in getattr(loop, "body", []):
+            if isinstance(stmt, ast.AugAssign) and dotted(stmt.target) is not None and is_const(stmt.value, 1):
+                count = self.batches(stmt.target, at)
+                if count is not None and count.loop is loop:
+                    found.append(dotted(stmt.target))
+        return found  # type: ignore[return-value]
+
+    def summed_over(self, expr: ast.AST, at: ast.AST) -> ast.For | ast.AsyncFor | None:
+        """The loop over a loader that a total (``val_loss``, ``self.dice``) adds exactly one term to each time
+        round: every binding of it is a zero or a ``+=`` run once per iteration of that loop (not under an
+        ``if``, in a loop without ``continue`` or ``break``); else None."""
+        if not isinstance(expr, (ast.Name, ast.Attribute)) or dotted(expr) is None:
+            return None
+        bindings = [b for b in self.ctx.bindings_of(expr, at) if b.kind != "del"]
+        loops = []
+        for b in bindings:
+            if is_zero_binding(b):
+                continue
+            if not _adds_to(b, dotted(expr)):
+                return None
+            loop = self.ctx.enclosing_loop(b.stmt)
+            if loop is None or not self._once_per_iteration(b.stmt, loop):
+                return None
+            loops.append(loop)
+        if not loops or any(loop is not loops[0] for loop in loops) or _leaves_early(loops[0]):
+            return None
+        found = self.loop_loader(loops[0])
+        return loops[0] if found is not None else None  # type: ignore[return-value]
 
     def loop_loader(self, loop: ast.AST) -> tuple[ast.AST, LoaderInfo] | None:
         """The loader a ``for`` loop iterates over, through ``enumerate``/``tqdm``/``zip`` (first argument)."""
@@ -89,7 +146,7 @@ class Counting:
         if isinstance(expr, ast.Call):
             return self._batches_call(expr, at, depth)
         if isinstance(expr, ast.BinOp):
-            return self._batches_binop(expr, at)
+            return self._batches_binop(expr, at, depth)
         if isinstance(expr, (ast.Name, ast.Attribute)) and dotted(expr) is not None:
             return self._batches_variable(expr, at, depth)
         return None
@@ -116,15 +173,19 @@ class Counting:
                 return BatchCount("computed", None, None)
         return None
 
-    def _batches_binop(self, expr: ast.BinOp, at: ast.AST) -> BatchCount | None:
+    def _batches_binop(self, expr: ast.BinOp, at: ast.AST, depth: int) -> BatchCount | None:
         if isinstance(expr.op, ast.FloorDiv) and self._data_over_batch_size(expr):
             return BatchCount("computed", None, None)  # len(data) // batch_size, (len(data) + bs - 1) // bs
-        if isinstance(expr.op, ast.Add):  # i + 1, the index of enumerate(loader) plus one
-            for index, one in ((expr.left, expr.right), (expr.right, expr.left)):
-                if is_const(one, 1) and isinstance(index, ast.Name):
-                    found = self._enumerate_index(index, at)
-                    if found is not None and found[2] == 0:
-                        return BatchCount("index", found[0], found[1], name=index.id, loop=found[3])
+        if isinstance(expr.op, (ast.Add, ast.Sub)):  # i + 1, len(loader) + 1, steps - 1
+            pairs = [(expr.left, expr.right)] + ([(expr.right, expr.left)] if isinstance(expr.op, ast.Add) else [])
+            for count, constant in pairs:
+                value = constant.value if isinstance(constant, ast.Constant) else None
+                if type(value) is not int:
+                    continue
+                found = self._batches(count, at, depth + 1)
+                if found is not None:
+                    step = value if isinstance(expr.op, ast.Add) else -value
+                    return replace(found, offset=found.offset + step)
         return None
 
     def _batches_variable(self, expr: ast.AST, at: ast.AST, depth: int) -> BatchCount | None:
@@ -134,8 +195,8 @@ class Counting:
             return None
         if isinstance(expr, ast.Name) and len(bindings) == 1 and bindings[0].kind == "for":
             found = self._enumerate_index(expr, at)
-            if found is not None and found[2] == 1:  # enumerate(loader, start=1): i counts the batches
-                return BatchCount("index", found[0], found[1], name=name, loop=found[3])
+            if found is not None:  # enumerate(loader, start=1): i counts the batches; from 0, one short
+                return BatchCount("index", found[0], found[1], name=name, loop=found[3], offset=found[2] - 1)
             return None
         # An alias: every binding is a count of batches (n_batches = len(val_dl); steps = n_batches).
         if all(b.kind in ("assign", "walrus") and not b.unpacked and b.value is not None for b in bindings):
@@ -147,11 +208,15 @@ class Counting:
         return self._counter(expr, bindings)
 
     def _counter(self, expr: ast.AST, bindings: list) -> BatchCount | None:
-        """A variable set to zero and incremented by one once per batch of one loop over a loader."""
+        """A variable set to a whole number (every time the same: its offset) and incremented by one once per
+        batch of one loop over a loader."""
         name = dotted(expr)
         loops = []
+        starts = set()
         for b in bindings:
-            if is_zero_binding(b):
+            start = _start(b)
+            if start is not None:
+                starts.add(start)
                 continue
             if not self._plus_one(b, name):
                 return None
@@ -159,12 +224,15 @@ class Counting:
             if loop is None or not self._once_per_iteration(b.stmt, loop):
                 return None
             loops.append(loop)
-        if not loops or any(loop is not loops[0] for loop in loops):
+        if not loops or any(loop is not loops[0] for loop in loops) or len(starts) > 1:
             return None
         found = self.loop_loader(loops[0])
         if found is None or found[1].one_sample_per_batch:
             return None
-        return BatchCount("counter", found[0], found[1], name=name, loop=loops[0])
+        offset = starts.pop() if starts else 0
+        if offset and _leaves_early(loops[0]):
+            return None  # a loop that skips a batch (if i == 0: continue) may count from 1 on purpose
+        return BatchCount("counter", found[0], found[1], name=name, loop=loops[0], offset=offset)
 
     def _plus_one(self, b, name: str | None) -> bool:
         stmt = b.stmt
@@ -332,6 +400,45 @@ def _is_zero(expr: ast.AST | None) -> bool:
         return expr.value == 0
     if isinstance(expr, ast.Call) and len(expr.args) == 1:  # torch.tensor(0, device=device), float(0)
         return _is_zero(expr.args[0]) and last_name(expr.func) in ("tensor", "float", "int")
+    return False
+
+
+def _start(b) -> int | None:
+    """The whole number a counter is set to (``n = 1``, ``loss, n = 0.0, 0``), else None."""
+    if b.kind != "assign" or b.value is None:
+        return None
+    value = b.value
+    if b.unpacked:
+        if not isinstance(value, (ast.Tuple, ast.List)) or b.index is None or b.index >= len(value.elts):
+            return None
+        value = value.elts[b.index]
+    if isinstance(value, ast.Constant) and type(value.value) in (int, float) and value.value == int(value.value):
+        return int(value.value)
+    return 0 if is_zero_binding(b) else None
+
+
+def _adds_to(b, name: str | None) -> bool:
+    """``total += term`` or ``total = total + term``."""
+    stmt = b.stmt
+    if b.kind == "augassign" and isinstance(stmt, ast.AugAssign):
+        return isinstance(stmt.op, ast.Add)
+    if b.kind == "assign" and not b.unpacked and isinstance(b.value, ast.BinOp) and isinstance(b.value.op, ast.Add):
+        return name is not None and name in (dotted(b.value.left), dotted(b.value.right))
+    return False
+
+
+def _leaves_early(loop: ast.AST) -> bool:
+    """A ``continue`` or ``break`` of the loop itself (not of a loop nested in it)."""
+    stack = list(loop.body)  # type: ignore[attr-defined]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Continue, ast.Break)):
+            return True
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
+                             ast.ClassDef)):
+            stack.extend(getattr(node, "orelse", []))
+            continue
+        stack.extend(ast.iter_child_nodes(node))
     return False
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from trainwise.doctor.context import Binding, dotted, is_const, last_name, method_call
-from trainwise.doctor.context.counting import counting, is_zero_binding
+from trainwise.doctor.context.counting import BatchCount, counting, is_zero_binding
 from trainwise.doctor.rule import FixAvailability, Rule
 
 _STRIP_METHODS = frozenset({"item", "float", "double", "cpu", "numpy", "tolist", "long", "int"})
@@ -27,6 +27,11 @@ class SampleCountDividedByBatches(Rule):
     from the data (`len(X) // batch_size`, `math.ceil(len(X) / batch_size)`). It looks inside functions,
     methods and at module level, and counts `correct, total = 0, 0` as starting both at zero.
 
+    It also finds a total that gets one term per batch (a summed per-batch loss too) divided, after its loop,
+    by a count of batches that is not that loop's: off by a constant (`len(loader) + 1`, a counter started
+    at 1, the `enumerate` index without `+ 1`), or the batch counter of another
+    loader's loop when its own loop has one too (`val_loss / n_train` beside an `n_val += 1`).
+
     ## Why is this bad?
     `len(loader)` is the number of *batches*, not of samples. Dividing a count of correct samples by it
     inflates the accuracy about batch-size times (an "accuracy" of 3,150 % with batches of 64), or hides a
@@ -40,7 +45,10 @@ class SampleCountDividedByBatches(Rule):
     only taken to count batches when every assignment of it is a zero or a `+ 1` run exactly once per
     iteration of one loop over a loader (not under an `if`, not in a loop nested inside it), and only
     against a sum made inside that same loop: a counter in a per-sample inner loop counts samples, and
-    one bumped only sometimes counts something the rule cannot know.
+    one bumped only sometimes counts something the rule cannot know. A count off by one stays silent when
+    the total or the counter is not added to exactly once per batch (under an `if`, in a loop that may
+    `continue` or `break`), and another loader's counter when the total's loop counts nothing itself, the two
+    loops are nested, or a loader is another name for the other (`loader = val_loader`).
 
     `trainwise lab accuracy` measures it: accuracy over batches vs over samples.
 
@@ -98,16 +106,57 @@ class SampleCountDividedByBatches(Rule):
             self._check(node, node.target, node.value)
 
     def _check(self, node: ast.AST, numerator: ast.AST, denominator: ast.AST) -> None:
-        count = counting(self.ctx).batches(denominator, node)
+        count = counting(self.ctx).count(denominator, node)
         if count is None:
             return
+        if count.offset or not self._sample_count(node, numerator, denominator, count):
+            self._wrong_count(node, numerator, denominator, count)
+
+    def _wrong_count(self, node: ast.AST, numerator: ast.AST, denominator: ast.AST, count: BatchCount) -> None:
+        """A total that gets one term per batch of a loop, divided after it by a count of batches that is not
+        that loop's: off by a constant, or another loader's."""
+        numerator = _strip_casts(numerator)
+        loop = counting(self.ctx).summed_over(numerator, node)
+        if loop is None or self.ctx.is_inside(node, loop):
+            return
+        summed = counting(self.ctx).loop_loader(loop)
+        if summed is None:
+            return
+        here = count.loop is loop or (count.loop is None and counting(self.ctx).same_loader(count.loader, summed[0]))
+        total = _short(self.ctx.segment(numerator) or "the total")
+        divisor = _short(self.ctx.segment(_strip_casts(denominator)) or "it")
+        loader = self.ctx.segment(summed[0]) or "loader"
+        fix = "by the number of samples seen" if self._sample_sum(numerator, node, 0) is not None else (
+            f"by len({loader}) or by a counter started at 0")
+        if here and count.offset:
+            many = f"{abs(count.offset)} batch{'es' if abs(count.offset) > 1 else ''}"
+            side = "more" if count.offset > 0 else "fewer"
+            self.report(node, f"`{total}` adds one term per batch of `{loader}`, but `{divisor}` is "
+                              f"{many} {side} than the batches it summed; divide {fix}")
+        elif not here and count.loop is not loop and self._other_loop(count, loop, summed[0], node):
+            other = self.ctx.segment(count.loader) or "another loader"  # type: ignore[arg-type]
+            self.report(node, f"`{total}` adds one term per batch of `{loader}`, but `{divisor}` counts the "
+                              f"batches of `{other}`; divide {fix}")
+
+    def _other_loop(self, count: BatchCount, loop: ast.AST, loader: ast.AST, at: ast.AST) -> bool:
+        """Whether ``count`` is the batch counter of a loop over another loader (neither ``loop`` nor nested with
+        it) while ``loop`` has an exact counter of its own: the two counters were mixed up."""
+        if count.offset or count.how != "counter" or count.loader is None or count.loop is None:
+            return False
+        if self.ctx.is_inside(count.loop, loop) or self.ctx.is_inside(loop, count.loop):
+            return False
+        counts = counting(self.ctx)
+        return counts.different_loaders(count.loader, loader) and bool(counts.counters_of(loop, at))
+
+    def _sample_count(self, node: ast.AST, numerator: ast.AST, denominator: ast.AST, count: BatchCount) -> bool:
+        """A per-sample sum divided by an exact count of batches: reported; whether it was."""
         increments = self._sample_sum(numerator, node, 0)
         if increments is None:
-            return
+            return False
         if count.loop is not None and (
             not increments or not all(self.ctx.is_inside(s, count.loop) for s in increments)
         ):
-            return  # a counter of batches and a sum made in another loop: no telling what is meant
+            return False  # a counter of batches and a sum made in another loop: see _wrong_count
         numerator_text = _short(self.ctx.segment(numerator))
         loader_text = (self.ctx.segment(count.loader) if count.loader is not None else "") or "loader"
         denominator_text = ""
@@ -137,6 +186,7 @@ class SampleCountDividedByBatches(Rule):
         else:
             why = f"is divided by `{denominator_text}`, a number of batches; divide by the number of samples"
         self.report(node, f"`{numerator_text}` counts samples but {why}", fix=fix)
+        return True
 
     # ------------------------------------------------------------------------------------------- numerator
     def _sample_sum(self, expr: ast.AST, at: ast.AST, depth: int) -> list[ast.AST] | None:
