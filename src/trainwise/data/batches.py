@@ -231,22 +231,11 @@ def forward_micro_batch(
         # know that a micro-batch has no token before its loss (a mean over zero items) poisons the gradient
     if device is not None:
         inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
-    signature = _signature(model)  # read once a step: it sits on every step's path
-    if autocast is None:  # no autocast: no context entered and left on every step
-        return _outputs_and_loss(model, inputs, targets, items, shifted, shift, signature, loss_fn, ignore_index,
-                                 reduction, samples)
-    with autocast():
-        return _outputs_and_loss(model, inputs, targets, items, shifted, shift, signature, loss_fn, ignore_index,
-                                 reduction, samples)
-
-
-def _outputs_and_loss(model: Any, inputs: Any, targets: Any, items: Any, shifted: Any, shift: int | None,
-                      signature: _Signature, loss_fn: Callable[[Any, Any], torch.Tensor] | None, ignore_index: int,
-                      reduction: str, samples: Any) -> MicroBatch:
-    """Call the model and compute the loss (inside the forward's autocast), for :func:`forward_micro_batch`."""
-    outputs = _call(model, inputs, targets, signature)
-    return micro_batch_of(model, inputs, outputs, targets, items, shifted, shift, signature.takes_labels, loss_fn,
-                          ignore_index, reduction, samples=samples)
+    signature = _signature(model)
+    with autocast() if autocast is not None else contextlib.nullcontext():
+        outputs = _call(model, inputs, targets, signature)
+        return micro_batch_of(model, inputs, outputs, targets, items, shifted, shift, signature.takes_labels,
+                              loss_fn, ignore_index, reduction, samples=samples)
 
 
 def micro_batch_of(model: Any, inputs: Any, outputs: Any, targets: Any, items: Any, shifted: Any, shift: int | None,
@@ -353,13 +342,16 @@ class BatchConventions:
             return None
         if not targets.shape[0] or not self._takes_class_pairs(model):
             return None
-        device = self.device
-        if device is not None and (inputs.device != device or targets.device != device):
-            inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
-        if self.autocast is None:
-            return self._class_loss(model, inputs, targets)
-        with self.autocast():
-            return self._class_loss(model, inputs, targets)
+        if self.device is not None:
+            inputs, targets = move_to_device(inputs, self.device), move_to_device(targets, self.device)
+        with self.autocast() if self.autocast is not None else contextlib.nullcontext():
+            outputs = model(inputs)
+            if type(outputs) is not torch.Tensor or outputs.dim() != 2:  # not class logits: the general rules
+                return micro_batch_of(model, inputs, outputs, targets, targets.shape[0], None, 0, False, None,
+                                      self.ignore_index, "mean")
+            loss = torch.nn.functional.cross_entropy(outputs, targets, ignore_index=self.ignore_index)
+        return MicroBatch(loss=loss, count=targets.shape[0], outputs=outputs, targets=targets, reduction="mean",
+                          model_loss=False)
 
     def _takes_class_pairs(self, model: Any) -> bool:
         """Whether ``model`` takes no ``labels`` (so never computes its own loss) and counts samples: with
@@ -371,15 +363,6 @@ class BatchConventions:
         with contextlib.suppress(TypeError):  # a model that takes no weak reference is asked each time
             self._pair_models.add(model)
         return True
-
-    def _class_loss(self, model: Any, inputs: torch.Tensor, targets: torch.Tensor) -> MicroBatch:
-        outputs, items = model(inputs), targets.shape[0]
-        if type(outputs) is not torch.Tensor or outputs.dim() != 2:  # not class logits: the general rules
-            return micro_batch_of(model, inputs, outputs, targets, items, None, 0, False, None, self.ignore_index,
-                                  "mean")
-        loss = torch.nn.functional.cross_entropy(outputs, targets, ignore_index=self.ignore_index)
-        return MicroBatch(loss=loss, count=items, outputs=outputs, targets=targets, reduction="mean",
-                          model_loss=False)
 
 
 # label shift of each model's own token loss, measured on its first batch (0: labels as they are, 1: causal)
