@@ -194,28 +194,3 @@ def test_step_without_backward_is_an_error():
     acc = GradientAccumulator(torch.optim.SGD(_model().parameters(), lr=0.1))
     with pytest.raises(TrainwiseError, match="call backward"):
         acc.step()
-
-
-@pytest.mark.parametrize("options", [{}, {"max_grad_norm": 0.5}, {"steps": 2}, {"skip_nonfinite": True}])
-def test_backward_and_step_is_backward_then_step(options):
-    """The plain way (one micro-batch, nothing to weight or clip) and the general one end bitwise alike."""
-    x = torch.randn(3, 8, 6, generator=torch.Generator().manual_seed(1))
-    y = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]] * 3)
-    ends = []
-    for fused in (True, False):
-        model = _model()
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-        accumulator = GradientAccumulator(optimizer, scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1), **options)
-        for inputs, targets in zip(x, y):
-            loss = F.cross_entropy(model(inputs), targets)
-            if fused:
-                accumulator.backward_and_step(loss, count=len(targets))
-            else:
-                accumulator.backward(loss, count=len(targets))
-                accumulator.step()
-        ends.append(([p.detach().clone() for p in model.parameters()], accumulator.optimizer_steps,
-                     optimizer.param_groups[0]["lr"], accumulator.micro_batches))
-    (params_a, *rest_a), (params_b, *rest_b) = ends
-    assert rest_a == rest_b == [3, 0.1 * 0.1 ** 3, 0]
-    for a, b in zip(params_a, params_b, strict=True):
-        assert torch.equal(a, b)

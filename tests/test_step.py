@@ -1,7 +1,8 @@
 """TrainStep, the step as a primitive: a hand-written loop that hands each batch to it ends bitwise where the same
 loop written with the accumulator's calls ends, and where the Trainer ends; with skip_nonfinite a window whose
 step is skipped adds nothing to the loss average; with a splitter each batch is a window, redone after an
-out-of-memory error with no sample counted twice."""
+out-of-memory error with no sample counted twice. The way a batch takes is decided by the declared
+BatchConventions, never by what the forward function looks like, and every way ends bitwise alike."""
 
 from __future__ import annotations
 
@@ -173,25 +174,78 @@ def _batches():
     return batches
 
 
-@pytest.mark.parametrize("dict_call", [0, 3])
-def test_the_plain_way_ends_bitwise_where_the_general_rules_end(dict_call):
-    """A window of one (inputs, targets) batch takes the plain way (forward, cross-entropy, backward, step); with
-    the same forward given as a plain function, every batch goes through the general rules. Batches of other
-    kinds (a dict) and a forward that returns another kind of output must change nothing either."""
-    results = []
-    for forward in (FORWARD, lambda model, batch: FORWARD(model, batch)):
-        model = LogitsOrDict(dict_call)
+class TinyLM(nn.Module):
+    """(batch, tokens) ids in, (batch, tokens, vocabulary) logits out: count="auto" counts its tokens."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = nn.Embedding(11, 8), nn.Linear(8, 11)
+
+    def forward(self, input_ids):
+        return self.head(torch.tanh(self.embed(input_ids)))
+
+
+def _token_batches():
+    """Dict batches of token ids whose labels are padded with -100 to different lengths: 5 micro-batches."""
+    g = torch.Generator().manual_seed(3)
+    batches = []
+    for size, kept in ((3, 5), (2, 2), (4, 7), (1, 3), (3, 1)):
+        ids = torch.randint(0, 11, (size, 7), generator=g)
+        labels = torch.randint(0, 11, (size, 7), generator=g)
+        labels[:, kept:] = -100
+        batches.append({"input_ids": ids, "labels": labels})
+    return batches
+
+
+def _class_batches():
+    """(inputs, targets) pairs of 8, 8, 5 and 3 samples: ragged micro-batches of class targets."""
+    x, y = _data(24).tensors
+    return [[x[a:b], y[a:b]] for a, b in ((0, 8), (8, 16), (16, 21), (21, 24))]
+
+
+CASES = {
+    # name: (model, batches, accumulator options): an uneven last window in each accumulated case
+    "class-pairs": (_model, _class_batches, {}),
+    "class-pairs-accumulated-clipped": (_model, _class_batches, {"steps": 3, "max_grad_norm": 0.5}),
+    "token-dicts-accumulated": (TinyLM, _token_batches, {"steps": 2}),
+}
+
+
+def _by_hand(model, batches, accumulator):
+    """examples/hand_written_loop.py's loop body: forward_micro_batch and the accumulator's calls."""
+    for batch, last_batch in tw.mark_last(batches):
+        last = accumulator.ends_window(last=last_batch)
+        with accumulator.sync_context(model, last=last):
+            micro = tw.forward_micro_batch(model, batch, device=torch.device("cpu"))
+            accumulator.backward(micro.loss, count=micro.count, reduction=micro.reduction)
+        if last:
+            accumulator.step()
+
+
+def _by_the_trainers_step(model, batches, accumulator):
+    """The Trainer's path: its batch conventions (Trainer.forward_function) through one TrainStep."""
+    trainer = tw.Trainer(device="cpu", precision="fp32", progress="off")
+    forward = trainer.forward_function(tw.resolve_precision("fp32", torch.device("cpu")), torch.device("cpu"))
+    step = tw.TrainStep(model, accumulator, forward, tw.MetricSet(torch.device("cpu")))
+    for batch, last in tw.mark_last(batches):
+        step.add(batch, last=last)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_trainers_step_and_the_accumulator_primitive_give_bitwise_identical_parameters(case):
+    """One arithmetic: the same batches through the Trainer's step and through a hand-written loop of the
+    accumulator's calls end with the same parameters and Adam state, bit for bit, and the steps taken agree."""
+    build, make_batches, options = CASES[case]
+    ends = []
+    for run in (_by_hand, _by_the_trainers_step):
+        model = build()
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-        accumulator = tw.GradientAccumulator(optimizer, scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 2))
-        metrics = tw.MetricSet(torch.device("cpu"))
-        guard = NonFiniteLossGuard(model=model)
-        step = tw.TrainStep(model, accumulator, forward, metrics, loss_guard=guard)
-        assert all(step.add(batch, last=False) for batch in _batches())
-        results.append((model.state_dict(), optimizer.state_dict()["state"], metrics.compute(),
-                        accumulator.optimizer_steps, optimizer.param_groups[0]["lr"], guard._steps))
-    (state_a, opt_a, values_a, *rest_a), (state_b, opt_b, values_b, *rest_b) = results
-    assert rest_a == rest_b and rest_a[0] == 6
-    assert values_a == values_b and set(values_a) == {"loss", "accuracy"}
+        accumulator = tw.GradientAccumulator(optimizer, **options)
+        run(model, make_batches(), accumulator)
+        ends.append((model.state_dict(), optimizer.state_dict()["state"], accumulator.optimizer_steps))
+    (state_a, opt_a, steps_a), (state_b, opt_b, steps_b) = ends
+    assert steps_a == steps_b == -(-len(make_batches()) // options.get("steps", 1))
     for key in state_a:
         assert torch.equal(state_a[key], state_b[key]), key
     for index, entry in opt_a.items():
@@ -199,10 +253,107 @@ def test_the_plain_way_ends_bitwise_where_the_general_rules_end(dict_call):
             assert torch.equal(value, opt_b[index][name]), (index, name)
 
 
-def test_a_loss_without_gradient_is_refused_on_the_plain_way_as_on_the_first_batch():
+def test_a_token_window_of_the_trainers_step_is_the_full_batch_gradient():
+    """The defaults weight a window's micro-batches by their tokens: one SGD step of lr 1 over a window of three
+    ragged dict batches is minus the gradient of the token mean over the three batches at once."""
+    batches = _token_batches()[:3]
+    full = TinyLM()
+    logits = torch.cat([full(b["input_ids"]).flatten(0, 1) for b in batches])
+    labels = torch.cat([b["labels"].flatten() for b in batches])
+    nn.functional.cross_entropy(logits, labels, ignore_index=-100).backward()
+    model = TinyLM()
+    before = [p.detach().clone() for p in model.parameters()]
+    _by_the_trainers_step(model, batches, tw.GradientAccumulator(torch.optim.SGD(model.parameters(), lr=1.0), steps=3))
+    for start, after, reference in zip(before, model.parameters(), full.parameters(), strict=True):
+        torch.testing.assert_close(start - after.detach(), reference.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_the_way_a_batch_takes_is_decided_by_the_declared_conventions():
+    """The defaults take the short way for pairs of tensors with class targets; any loss_fn (a functools.partial
+    of cross-entropy too), split_batch, token count or summed loss declares conventions it does not cover."""
+    assert tw.data.BatchConventions().pairs
+    assert tw.data.BatchConventions(device="cpu", count="samples").pairs
+    for options in ({"loss_fn": functools.partial(nn.functional.cross_entropy)},
+                    {"split": lambda batch: (batch[0], batch[1])}, {"count": "tokens"}, {"reduction": "sum"}):
+        assert not tw.data.BatchConventions(**options).pairs, options
+
+
+def _counting_forward_micro_batch(monkeypatch):
+    """forward_micro_batch (the general rules) with its calls counted, as BatchConventions calls it."""
+    import trainwise.data.batches as batches
+
+    calls, real = [], batches.forward_micro_batch
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batches, "forward_micro_batch", counted)
+    return calls
+
+
+@pytest.mark.parametrize("dict_call", [0, 3])
+def test_the_short_way_ends_bitwise_where_the_general_rules_end(dict_call, monkeypatch):
+    """Pairs of tensors under the default conventions take the short way (the model, cross-entropy) once the
+    first batch chose to count samples; the same forward wrapped in a function, or given as a functools.partial
+    of forward_micro_batch, takes the general rules every batch: no forward is looked inside. Batches of
+    other kinds (a dict) and a forward that returns another kind of output change nothing either."""
+    calls = _counting_forward_micro_batch(monkeypatch)
+    conventions = tw.data.BatchConventions(device="cpu")
+    forwards = {"conventions": conventions, "function": lambda model, batch: conventions(model, batch),
+                "partial": functools.partial(tw.data.batches.forward_micro_batch, device=torch.device("cpu"))}
+    results, general = [], {}
+    for name, forward in forwards.items():
+        model = LogitsOrDict(dict_call)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        accumulator = tw.GradientAccumulator(optimizer, scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 2))
+        metrics = tw.MetricSet(torch.device("cpu"))
+        guard = NonFiniteLossGuard(model=model)
+        step = tw.TrainStep(model, accumulator, forward, metrics, loss_guard=guard)
+        calls.clear()
+        assert all(step.add(batch, last=False) for batch in _batches())
+        general[name] = len(calls)
+        results.append((model.state_dict(), optimizer.state_dict()["state"], metrics.compute(),
+                        accumulator.optimizer_steps, optimizer.param_groups[0]["lr"], guard._steps))
+    # the conventions (also when a function calls them): the first batch (the count chosen) and the dict batch
+    assert general == {"conventions": 2, "function": 2, "partial": 6}
+    (state_a, opt_a, values_a, *rest_a) = results[0]
+    for state_b, opt_b, values_b, *rest_b in results[1:]:
+        assert rest_a == rest_b and rest_a[0] == 6
+        assert values_a == values_b and set(values_a) == {"loss", "accuracy"}
+        for key in state_a:
+            assert torch.equal(state_a[key], state_b[key]), key
+        for index, entry in opt_a.items():
+            for name, value in entry.items():
+                assert torch.equal(value, opt_b[index][name]), (index, name)
+
+
+def test_a_custom_loss_wrapped_in_functools_partial_changes_neither_the_way_nor_the_result(monkeypatch):
+    """A loss_fn given as a functools.partial or as a lambda around the same function: the same conventions (the
+    general rules for every batch) and the same parameters, bit for bit."""
+    calls = _counting_forward_micro_batch(monkeypatch)
+    losses = {"partial": functools.partial(nn.functional.cross_entropy, label_smoothing=0.1),
+              "lambda": lambda logits, targets: nn.functional.cross_entropy(logits, targets, label_smoothing=0.1)}
+    ends = {}
+    for name, loss_fn in losses.items():
+        model = _model()
+        accumulator = tw.GradientAccumulator(torch.optim.Adam(model.parameters(), lr=0.01), steps=2)
+        step = tw.TrainStep(model, accumulator, tw.data.BatchConventions(loss_fn=loss_fn),
+                            tw.MetricSet(torch.device("cpu")))
+        calls.clear()
+        for batch, last in tw.mark_last(_class_batches()):
+            step.add(batch, last=last)
+        ends[name] = (len(calls), model.state_dict())
+    (calls_a, state_a), (calls_b, state_b) = ends.values()
+    assert calls_a == calls_b == len(_class_batches())
+    for key in state_a:
+        assert torch.equal(state_a[key], state_b[key]), key
+
+
+def test_a_loss_without_gradient_is_refused_on_the_short_way_as_on_the_first_batch():
     model = _model()
     accumulator = tw.GradientAccumulator(torch.optim.SGD(model.parameters(), lr=0.1))
-    step = tw.TrainStep(model, accumulator, FORWARD, tw.MetricSet(torch.device("cpu")))
+    step = tw.TrainStep(model, accumulator, tw.data.BatchConventions(), tw.MetricSet(torch.device("cpu")))
     batches = _batches()
     step.add(batches[0], last=False)
     model.requires_grad_(False)

@@ -143,8 +143,7 @@ class GradientAccumulator:
         reduction: Literal["mean", "sum"] = "mean",
     ) -> None:
         """Backpropagate one micro-batch loss that averages (or sums) over ``count`` items."""
-        if type(loss) is not torch.Tensor or loss.dim() or not loss.requires_grad:  # checked only when unusual
-            loss = check_loss(loss)
+        loss = check_loss(loss)
         if reduction not in ("mean", "sum"):
             raise TrainwiseError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
         if isinstance(count, torch.Tensor):
@@ -154,11 +153,7 @@ class GradientAccumulator:
         if self._expected is None:
             self._expected = self._window_expected(count)
         # The micro-batch's summed loss over ``expected``: its gradient adds up exactly across micro-batches.
-        numerator, expected = count if reduction == "mean" else 1, self._expected
-        if isinstance(numerator, torch.Tensor) or isinstance(expected, torch.Tensor):
-            weight = _ratio(numerator, expected)
-        else:  # host numbers, the common case: no helper call on every step
-            weight = numerator / expected
+        weight = _ratio(count if reduction == "mean" else 1, self._expected)
         if isinstance(weight, torch.Tensor):
             total = loss * weight.to(torch.promote_types(loss.dtype, torch.float32))
         else:
@@ -170,23 +165,6 @@ class GradientAccumulator:
         total.backward()
         self.micro_batches += 1
         self._count = self._count + count
-
-    def backward_and_step(self, loss: torch.Tensor, *, count: int) -> bool:
-        """``backward(loss, count=count)`` then ``step()``: a window of this one micro-batch of a mean loss. Where
-        nothing weights, scales, clips, skips or syncs (``steps=1``, no GradScaler, no clipping, one process),
-        that is ``loss.backward()``, the step and the zeroing, with none of the bookkeeping on the way."""
-        if (self.micro_batches or self.steps != 1 or self.scaler is not None or self.max_grad_norm is not None
-                or self.skip_nonfinite or self.distributed or type(count) is not int or count <= 0
-                or type(loss) is not torch.Tensor or loss.dim() or not loss.requires_grad):
-            self.backward(loss, count=count)  # the general way, its checks and errors included
-            return self.step()
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.optimizer_steps += 1
-        if self.scheduler is not None:
-            self.scheduler.step()
-        return True
 
     def backward_empty(self, outputs: Any) -> None:
         """Backpropagate a micro-batch that counts zero items: a padding batch of zero rows (a rank whose shard
@@ -240,18 +218,14 @@ class GradientAccumulator:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         count = self._count
-        grads = None  # listed only when something needs them: the common one-micro-batch window does not
+        grads = None  # listed only when something needs them
         if self.distributed:
             grads = self._grads()
             count, micro_batches = self._global_count(grads)
             self._reference = _positive(_ratio(count, micro_batches))  # the same on every process
         # after unscale_ (which checks for inf/NaN), so the inf check sees the backpropagated values
         # _positive: a window that counted no item anywhere (all padding) has zero gradients, not 0/0
-        expected = self._expected if self._expected is not None else 1
-        if isinstance(count, torch.Tensor) or isinstance(expected, torch.Tensor):
-            divisor = _ratio(_positive(count), expected)
-        else:  # host numbers, the common case: no helper calls on every step
-            divisor = (count if count > 0 else 1) / expected
+        divisor = _ratio(_positive(count), self._expected if self._expected is not None else 1)
         if isinstance(divisor, torch.Tensor) or divisor != 1:
             grads = self._grads() if grads is None else grads
             _divide_(grads, divisor)
@@ -314,8 +288,7 @@ class GradientAccumulator:
 
     def sync_context(self, model: torch.nn.Module, *, last: bool) -> contextlib.AbstractContextManager[None]:
         """Under DDP, skip the gradient all-reduce for every micro-batch but the last of a window."""
-        # looked up on the class: a plain module's missing attribute goes through Module.__getattr__, which
-        # costs more than the rest of this call, every micro-batch
+        # looked up on the class: a module's own attributes and submodules are no context manager
         if last or getattr(type(model), "no_sync", None) is None:
             return _NULL_CONTEXT
         return model.no_sync()
@@ -359,7 +332,7 @@ def _positive(value: torch.Tensor | int | float) -> torch.Tensor | int | float:
 def _ratio(numerator: torch.Tensor | int | float, denominator: torch.Tensor | int | float) -> torch.Tensor | float:
     """A Python float for host numbers; otherwise a float64 tensor (float32 on MPS) on the tensors' device."""
     if not isinstance(numerator, torch.Tensor) and not isinstance(denominator, torch.Tensor):
-        return numerator / denominator  # the common case, twice a step: no list built
+        return numerator / denominator
     tensors = [v for v in (numerator, denominator) if isinstance(v, torch.Tensor)]
     device = next((t.device for t in tensors if t.device.type != "cpu"), tensors[0].device)
     dtype = torch.float32 if device.type == "mps" else torch.float64

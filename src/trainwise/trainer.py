@@ -12,7 +12,6 @@ end, :mod:`trainwise.run`; the options, :class:`TrainerConfig`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,7 +21,7 @@ import torch
 
 from trainwise.callbacks import callback_metrics
 from trainwise.config import TrainerConfig, unknown_option
-from trainwise.data.batches import MicroBatch, forward_micro_batch
+from trainwise.data.batches import BatchConventions
 from trainwise.data.batches import split_batch as default_split_batch
 from trainwise.data.loaders import length, threads_beside_workers
 from trainwise.data.samplers import set_sampler_epoch
@@ -313,12 +312,13 @@ class Trainer:
         return evaluate(model, loader, self.forward_function(precision, device), device=device,
                         accuracy=cfg.accuracy, ignore_index=cfg.ignore_index)
 
-    def forward_function(self, precision: Any, device: torch.device) -> Callable[[Any, Any], MicroBatch]:
-        """``forward_micro_batch(model, batch)`` with this Trainer's batch conventions, precision and device
-        bound once (a partial: no Python frame of its own on every step)."""
+    def forward_function(self, precision: Any, device: torch.device) -> BatchConventions:
+        """This Trainer's batch conventions (``split_batch``, ``loss_fn``, ``count``, ``ignore_index``,
+        ``loss_reduction``), precision and device, declared once: ``forward(model, batch)`` gives the
+        :class:`~trainwise.data.MicroBatch` that training and validation count."""
         cfg = self.config
-        return functools.partial(
-            forward_micro_batch, device=device, split=self.split_batch, loss_fn=self.loss_fn, count=cfg.count,
+        return BatchConventions(
+            device=device, split=self.split_batch, loss_fn=self.loss_fn, count=cfg.count,
             ignore_index=cfg.ignore_index, reduction=cfg.loss_reduction,
             autocast=None if getattr(precision, "name", None) == "fp32" else precision.autocast,  # fp32: none
         )

@@ -5,10 +5,12 @@
 - :mod:`~trainwise.data.seeding`: seeded loaders, whose order and augmentation depend only on the seed.
 - :mod:`~trainwise.data.samplers`: this process's shard of the data, and the padding batches of a short shard.
 - :mod:`~trainwise.data.resumable`: a loader that resumes in the middle of an epoch (``ResumableLoader``).
-- :mod:`~trainwise.data.batches`: batch conventions: inputs and target, calling the model, its loss, counting.
+- :mod:`~trainwise.data.batches`: batch conventions (``BatchConventions``): inputs and target, calling the model,
+  its loss, counting.
 """
 
 from trainwise.data.batches import (
+    BatchConventions,
     MicroBatch,
     call_model,
     count_choice,
@@ -45,6 +47,7 @@ from trainwise.data.seeding import (
 # What a training loop of your own uses (docs/hand-written-loop.md, docs/distributed.md); the pieces the Trainer
 # alone needs stay in their modules (``trainwise.data.samplers.zero_rows`` and the like).
 __all__ = [
+    "BatchConventions",
     "MicroBatch",
     "PaddingBatch",
     "ResumableLoader",

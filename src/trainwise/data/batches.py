@@ -231,22 +231,11 @@ def forward_micro_batch(
         # know that a micro-batch has no token before its loss (a mean over zero items) poisons the gradient
     if device is not None:
         inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
-    signature = _signature(model)  # read once a step: it sits on every step's path
-    if autocast is None:  # no autocast: no context entered and left on every step
-        return _outputs_and_loss(model, inputs, targets, items, shifted, shift, signature, loss_fn, ignore_index,
-                                 reduction, samples)
-    with autocast():
-        return _outputs_and_loss(model, inputs, targets, items, shifted, shift, signature, loss_fn, ignore_index,
-                                 reduction, samples)
-
-
-def _outputs_and_loss(model: Any, inputs: Any, targets: Any, items: Any, shifted: Any, shift: int | None,
-                      signature: _Signature, loss_fn: Callable[[Any, Any], torch.Tensor] | None, ignore_index: int,
-                      reduction: str, samples: Any) -> MicroBatch:
-    """Call the model and compute the loss (inside the forward's autocast), for :func:`forward_micro_batch`."""
-    outputs = _call(model, inputs, targets, signature)
-    return micro_batch_of(model, inputs, outputs, targets, items, shifted, shift, signature.takes_labels, loss_fn,
-                          ignore_index, reduction, samples=samples)
+    signature = _signature(model)
+    with autocast() if autocast is not None else contextlib.nullcontext():
+        outputs = _call(model, inputs, targets, signature)
+        return micro_batch_of(model, inputs, outputs, targets, items, shifted, shift, signature.takes_labels,
+                              loss_fn, ignore_index, reduction, samples=samples)
 
 
 def micro_batch_of(model: Any, inputs: Any, outputs: Any, targets: Any, items: Any, shifted: Any, shift: int | None,
@@ -300,6 +289,80 @@ def micro_batch_of(model: Any, inputs: Any, outputs: Any, targets: Any, items: A
         loss = default_loss(logits, targets, ignore_index=ignore_index)
     return MicroBatch(loss=loss, count=items, outputs=logits, targets=targets, reduction=reduction,
                       model_loss=loss_fn is None and own_loss is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchConventions:
+    """What a batch is and how its loss is computed, declared once: :func:`forward_micro_batch`'s options as an
+    object that applies them (``conventions(model, batch)``); the Trainer builds it from its configuration.
+
+    Declared, so which way a batch takes is decided when they are built: with the default conventions (the
+    batch split by :func:`split_batch`, trainwise's cross-entropy, samples counted, a mean), an ``(inputs,
+    targets)`` pair of tensors with one class target per sample, for a model whose ``forward`` takes no
+    ``labels``, is the model's call and one cross-entropy (:meth:`class_pair`). Every other batch, and every
+    other convention, goes through :func:`forward_micro_batch`; both give the same :class:`MicroBatch`.
+    """
+
+    device: torch.device | str | None = None
+    split: Callable[[Any], tuple[Any, Any]] = split_batch
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    count: str = "auto"
+    ignore_index: int = -100
+    reduction: str = "mean"
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    # the default conventions hold: a pair of tensors with class targets may take the short way (class_pair)
+    pairs: bool = dataclasses.field(init=False, repr=False, compare=False)
+    # the models seen to take no labels and to count samples: facts fixed once a model's first batch was seen
+    _pair_models: weakref.WeakSet[Any] = dataclasses.field(init=False, repr=False, compare=False,
+                                                           default_factory=weakref.WeakSet)
+
+    def __post_init__(self) -> None:
+        if self.device is not None:  # a torch.device: a batch already there compares equal and is not moved
+            object.__setattr__(self, "device", torch.device(self.device))
+        object.__setattr__(self, "pairs", self.split is split_batch and self.loss_fn is None
+                           and self.count in ("auto", "samples") and self.reduction == "mean")
+
+    def __call__(self, model: Any, batch: Any) -> MicroBatch:
+        """The :class:`MicroBatch` of one batch under these conventions."""
+        micro = self.class_pair(model, batch) if self.pairs else None
+        if micro is not None:
+            return micro
+        return forward_micro_batch(model, batch, device=self.device, split=self.split, loss_fn=self.loss_fn,
+                                   count=self.count, ignore_index=self.ignore_index, reduction=self.reduction,
+                                   autocast=self.autocast)
+
+    def class_pair(self, model: Any, batch: Any) -> MicroBatch | None:
+        """An ``(inputs, targets)`` pair of tensors with one class target per sample, for a model that takes no
+        ``labels`` and counts samples: the model's call and cross-entropy, as the general rules would do it.
+        None, with nothing run, for any other batch or model (the general rules apply)."""
+        if (type(batch) is not tuple and type(batch) is not list) or len(batch) != 2:
+            return None
+        inputs, targets = batch
+        if type(inputs) is not torch.Tensor or type(targets) is not torch.Tensor or targets.dim() != 1:
+            return None
+        if not targets.shape[0] or not self._takes_class_pairs(model):
+            return None
+        if self.device is not None:
+            inputs, targets = move_to_device(inputs, self.device), move_to_device(targets, self.device)
+        with self.autocast() if self.autocast is not None else contextlib.nullcontext():
+            outputs = model(inputs)
+            if type(outputs) is not torch.Tensor or outputs.dim() != 2:  # not class logits: the general rules
+                return micro_batch_of(model, inputs, outputs, targets, targets.shape[0], None, 0, False, None,
+                                      self.ignore_index, "mean")
+            loss = torch.nn.functional.cross_entropy(outputs, targets, ignore_index=self.ignore_index)
+        return MicroBatch(loss=loss, count=targets.shape[0], outputs=outputs, targets=targets, reduction="mean",
+                          model_loss=False)
+
+    def _takes_class_pairs(self, model: Any) -> bool:
+        """Whether ``model`` takes no ``labels`` (so never computes its own loss) and counts samples: with
+        ``count="auto"``, once its first batch chose samples (the general rules choose, and keep why)."""
+        if model in self._pair_models:
+            return True
+        if takes_labels(model) or (self.count == "auto" and _chosen_count(model) != "samples"):
+            return False
+        with contextlib.suppress(TypeError):  # a model that takes no weak reference is asked each time
+            self._pair_models.add(model)
+        return True
 
 
 # label shift of each model's own token loss, measured on its first batch (0: labels as they are, 1: causal)
