@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ import time
 from typing import Any
 
 import overhead
+import rounds
 
 SIDES = ("hand", "trainer", "trainer-off", "fabric", "accelerate")
 PEERS = {"fabric": "lightning.fabric", "accelerate": "accelerate"}
@@ -153,10 +153,6 @@ def _spawn(side: str, args: argparse.Namespace) -> dict[str, Any]:
     return json.loads(results[-1][len(RESULT_MARK):])
 
 
-def _summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def _sides(requested: str | None) -> tuple[list[str], dict[str, str]]:
     """The sides to run and the peers left out (side -> why)."""
     import importlib.util
@@ -175,30 +171,18 @@ def _sides(requested: str | None) -> tuple[list[str], dict[str, str]]:
 
 def parent(args: argparse.Namespace) -> dict[str, Any]:
     sides, skipped = _sides(args.sides)
-    order = random.Random(args.seed)
-    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
-    load = [os.getloadavg()[0]] if hasattr(os, "getloadavg") else []
-    started = time.perf_counter()
-    for repeat in range(args.repeats):
-        group = list(sides)
-        order.shuffle(group)
-        for side in group:
-            runs[side].append(_spawn(side, args))
-        if not args.json:
-            done = time.perf_counter() - started
-            print(f"  round {repeat + 1}/{args.repeats} done ({done:.0f} s)", file=sys.stderr, flush=True)
-    if load:
-        load.append(os.getloadavg()[0])
+    runs, load, seconds = rounds.interleaved(sides, args.repeats, args.seed, lambda side: _spawn(side, args),
+                                             quiet=args.json)
     report: dict[str, Any] = {"repeats": args.repeats, "again": args.again, "sides": sides, "skipped": skipped,
-                              "load_average_1min": load, "seconds": time.perf_counter() - started, "figures": {}}
+                              "load_average_1min": load, "seconds": seconds, "figures": {}}
     base = runs[BASELINE]
     for side, side_runs in runs.items():
         figures: dict[str, Any] = {"bytecode": sorted({r["bytecode"] for r in side_runs})}
         for figure in ("import", "first", "again"):
-            figures[figure] = {clock: _summary([r[figure][clock] for r in side_runs]) for clock in CLOCKS}
+            figures[figure] = {clock: rounds.summary([r[figure][clock] for r in side_runs]) for clock in CLOCKS}
             if figure != "import" and side != BASELINE:
                 figures[figure + "_excess"] = {
-                    clock: _summary([r[figure][clock] - b[figure][clock] for r, b in zip(side_runs, base)])
+                    clock: rounds.summary([r[figure][clock] - b[figure][clock] for r, b in zip(side_runs, base)])
                     for clock in CLOCKS}
         report["figures"][side] = figures
     return report

@@ -39,13 +39,13 @@ import dataclasses
 import json
 import math
 import os
-import random
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
+
+import rounds
 
 SIDES = ("hand", "trainer")
 TARGET = 1.02  # trainer / hand, whole run, per-round ratio median
@@ -242,34 +242,18 @@ def _spawn(side: str, args: argparse.Namespace) -> dict[str, Any]:
 # -- parent: interleaved rounds, medians, spread, ratios ------------------------------------------------------
 
 
-def _summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def parent(args: argparse.Namespace, shape: Shape) -> dict[str, Any]:
-    order = random.Random(shape.seed)
-    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
-    load = [os.getloadavg()[0]] if hasattr(os, "getloadavg") else []
-    started = time.perf_counter()
-    for repeat in range(args.repeats):
-        group = list(SIDES)
-        order.shuffle(group)
-        for side in group:
-            runs[side].append(_spawn(side, args))
-        if not args.json:
-            done = time.perf_counter() - started
-            print(f"  round {repeat + 1}/{args.repeats} done ({done:.0f} s)", file=sys.stderr, flush=True)
-    if load:
-        load.append(os.getloadavg()[0])
+    runs, load, seconds = rounds.interleaved(list(SIDES), args.repeats, shape.seed, lambda side: _spawn(side, args),
+                                             quiet=args.json)
     hand, trainer = runs["hand"], runs["trainer"]
     losses = [r["val_loss"] for side in SIDES for r in runs[side]]
     reference = hand[0]["val_loss"]
     return {
         "shape": dataclasses.asdict(shape), "repeats": args.repeats, "threads": args.threads, "quick": args.quick,
-        "load_average_1min": load, "seconds": time.perf_counter() - started, "steps": hand[0]["steps"],
-        "sides": {side: {clock: _summary([r["run"][clock] for r in rs]) for clock in CLOCKS}
+        "load_average_1min": load, "seconds": seconds, "steps": hand[0]["steps"],
+        "sides": {side: {clock: rounds.summary([r["run"][clock] for r in rs]) for clock in CLOCKS}
                   for side, rs in runs.items()},
-        "ratio": {clock: _summary([t["run"][clock] / h["run"][clock] for t, h in zip(trainer, hand)])
+        "ratio": {clock: rounds.summary([t["run"][clock] / h["run"][clock] for t, h in zip(trainer, hand)])
                   for clock in CLOCKS},
         "val_loss": {side: rs[0]["val_loss"] for side, rs in runs.items()},
         "same_result": all(math.isclose(loss, reference, rel_tol=LOSS_TOLERANCE) for loss in losses),
