@@ -1109,3 +1109,43 @@ for epoch in range(3):
         opt.step()
 """
     assert _codes({"nets.py": nets, "train.py": script}, "TW108") == [("train.py", 10)]
+
+
+_EVALUATOR = '''
+import torch
+
+
+class Evaluator:
+    def __init__(self, model, loader):
+        self.model = model
+        self.loader = loader
+
+    def {helper}(self, batch):
+        return [float(x.sum()) for x in batch]
+
+    {decorator}
+    def {member}(self):
+        return self.model
+
+    def evaluate(self):
+        scores = []
+        for batch in self.loader:
+            scores.append(self.{helper}(batch))
+            {forward}
+        return scores
+'''
+
+
+def test_a_method_of_the_class_named_like_a_model_is_no_model_in_an_evaluation_loop():
+    """``self._model_scores(batch)`` calls a method the class itself defines: it runs no module's forward,
+    whatever its name, so TW103 has nothing to put in eval mode (was a false alarm on the doctor's own code)."""
+    for helper in ("_model_scores", "model_outputs", "net_stats"):
+        source = _EVALUATOR.format(helper=helper, decorator="", member="model_of", forward="pass")
+        assert _codes({"evaluate.py": source}, "TW103") == [], helper
+
+
+def test_a_property_that_hands_back_the_model_is_still_the_model_in_an_evaluation_loop():
+    """The near-miss the other way: ``self.net(batch)`` through a ``@property`` returning the model is a forward,
+    and one without ``.eval()`` in an evaluation loop is still reported."""
+    source = _EVALUATOR.format(helper="_stats", decorator="@property", member="net", forward="self.net(batch)")
+    assert _codes({"evaluate.py": source}, "TW103") != []

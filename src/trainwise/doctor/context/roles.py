@@ -207,6 +207,8 @@ class Roles:
         if name == "self" and isinstance(node, ast.Name):
             cls = self.enclosing_class(node)
             return cls is not None and cls.name in self.module_classes
+        if isinstance(node, ast.Attribute) and self._own_method(node):
+            return False
         if _is_model_name(name):
             return True
         if isinstance(node, ast.Name) or node.attr in _PARAMETER_ATTRS:
@@ -214,6 +216,17 @@ class Roles:
         if not self.is_module(node.value, depth + 1):
             return False
         return bool(_SUBMODULE_ATTR.fullmatch(node.attr)) or self._submodule_of_project(node.attr)
+
+    def _own_method(self, node: ast.Attribute) -> bool:
+        """Whether ``self.name`` names a method its enclosing class defines (not a property): a bound method,
+        never a module, whatever its name (``self._model_classes(...)``)."""
+        if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+            return False
+        cls = self.enclosing_class(node)
+        return cls is not None and any(
+            isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == node.attr
+            and not any(last_name(d) in ("property", "cached_property") for d in f.decorator_list)
+            for f in cls.body)  # type: ignore[attr-defined]
 
     def _submodule_of_project(self, name: str) -> bool:
         """Whether every module class of the project that defines ``name`` assigns it a module
