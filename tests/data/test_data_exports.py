@@ -14,6 +14,7 @@ import trainwise.data
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 PUBLIC = [
+    "BatchConventions",
     "MicroBatch",
     "PaddingBatch",
     "ResumableLoader",
