@@ -18,4 +18,4 @@ if rank == 1:
     with torch.no_grad():
         model.module(x)  # TW103
 dist.destroy_process_group()
-print(f"rank {rank} done")
+print(f"rank {rank} done\n", end="")  # one write: unbuffered ranks sharing a pipe must not split the line
