@@ -38,7 +38,6 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -145,12 +144,7 @@ def child(side: str, again: int) -> dict[str, Any]:
 
 def _spawn(side: str, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, os.path.abspath(__file__), "--child", side, "--again", str(args.again)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    results = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if done.returncode != 0 or not results:
-        raise SystemExit(f"child {side} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-    return json.loads(results[-1][len(RESULT_MARK):])
+    return rounds.child_result(command, threads=1, mark=RESULT_MARK, label=side)
 
 
 def _sides(requested: str | None) -> tuple[list[str], dict[str, str]]:

@@ -39,7 +39,6 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -231,12 +230,7 @@ def child(side: str, shape: Shape, threads: int) -> dict[str, Any]:
 def _spawn(side: str, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, os.path.abspath(__file__), "--child", side, "--threads", str(args.threads),
                "--epochs", str(args.epochs), *(["--quick"] if args.quick else [])]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    results = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if done.returncode != 0 or not results:
-        raise SystemExit(f"child {side} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-    return json.loads(results[-1][len(RESULT_MARK):])
+    return rounds.child_result(command, threads=args.threads, mark=RESULT_MARK, label=side)
 
 
 # -- parent: interleaved rounds, medians, spread, ratios ------------------------------------------------------

@@ -63,12 +63,13 @@ import math
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+import rounds
 
 # name: (in_features, hidden layer widths, classes, samples, batch size, default epochs)
 SIZES: dict[str, tuple[int, tuple[int, ...], int, int, int, int]] = {
@@ -518,12 +519,7 @@ def _spawn(side: str, size: str, args: argparse.Namespace) -> dict:
     epochs = {"small": args.small_epochs, "large": args.large_epochs}[size]
     if epochs:
         command += ["--epochs", str(epochs)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    results = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if done.returncode != 0 or not results:
-        raise SystemExit(f"child {side}/{size} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-    return json.loads(results[-1][len(RESULT_MARK):])
+    return rounds.child_result(command, threads=args.threads, mark=RESULT_MARK, label=f"{side}/{size}")
 
 
 def _summary(values: list[float]) -> dict[str, float]:

@@ -6,9 +6,11 @@ machine falls on all sides alike; the ratios are taken round by round.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -41,3 +43,14 @@ def interleaved(sides: list[str], repeats: int, seed: int, run: Callable[[str], 
     if load:
         load.append(os.getloadavg()[0])
     return runs, load, time.perf_counter() - started
+
+
+def child_result(command: list[str], *, threads: int, mark: str, label: str) -> dict[str, Any]:
+    """Run one measured side in a fresh process limited to ``threads`` and return the JSON it printed after
+    ``mark`` (its last such line, among whatever the side itself prints); a failed child ends the benchmark."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    results = [line for line in done.stdout.splitlines() if line.startswith(mark)]
+    if done.returncode != 0 or not results:
+        raise SystemExit(f"child {label} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(results[-1][len(mark):])
