@@ -259,7 +259,7 @@ class Trainer:
             fit.folder.progress.advance(start)
         fit.stream.start_epoch()
         unsized = fit.strategy.enabled and length(loader) is None  # every process must end on the same batch
-        fire, progress = fit.callbacks.fire, fit.folder.progress
+        progress = fit.folder.progress
         advance = progress.advance if getattr(progress, "enabled", True) else None  # progress="off": no call a batch
         with control.training():  # a first Ctrl-C is held until the window has stepped
             for batch, last_batch in loader.with_last():  # the last batch is known without len()
@@ -270,9 +270,7 @@ class Trainer:
                         fit.say_count()
                     if step.splitter is not None:  # batch_size="auto": a micro-batch halved is said once
                         fit.report_halvings()
-                    logged = fire("on_step_end")  # log cadence, periodic checkpoint, then the user's callbacks
-                    if logged:
-                        self._record_logged(fit, logged)
+                    self._fire(fit, "on_step_end")  # log cadence, periodic checkpoint, then the user's callbacks
                     # a plain attribute each step; a held signal (agreed under several processes) is answered
                     if control.asked and (stop := control.at_step()) is not None:
                         if stop.save and fit.checkpoint_step != accumulator.optimizer_steps:
@@ -293,12 +291,8 @@ class Trainer:
         """The policies and callbacks of ``event``; the metrics callbacks log are written at the current step."""
         logged = fit.callbacks.fire(event)
         if logged:
-            self._record_logged(fit, logged)
-
-    @staticmethod
-    def _record_logged(fit: Fit, logged: dict[str, float]) -> None:
-        fit.folder.record({"kind": "metric", "epoch": fit.counters.epoch, "step": fit.state.accumulator.optimizer_steps,
-                           **logged})
+            fit.folder.record({"kind": "metric", "epoch": fit.counters.epoch,
+                               "step": fit.state.accumulator.optimizer_steps, **logged})
 
     # -- evaluation ----------------------------------------------------------------------------------
 
